@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the real peers the integration tests run against, into $PEERS_DIR (default: .peers/ in the repo):
+#   - a Python venv with PySpark 3.5 (Apache Spark, the independent writer/reader)
+#   - the Iceberg Spark runtime jar (Iceberg 1.10) from Maven Central
+# Idempotent: a second run only checks what is there.
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+PEERS_DIR="${PEERS_DIR:-$here/.peers}"
+PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
+ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
+mkdir -p "$PEERS_DIR/jars"
+
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark" 2>/dev/null; then
+  echo "setup-peers: installing pyspark==$PYSPARK_VERSION into $PEERS_DIR/venv" >&2
+  python3 -m venv "$PEERS_DIR/venv"
+  "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "pyspark==$PYSPARK_VERSION"
+fi
+
+jar="$PEERS_DIR/jars/iceberg-spark-runtime-3.5_2.12-$ICEBERG_VERSION.jar"
+if [ ! -s "$jar" ]; then
+  echo "setup-peers: fetching iceberg-spark-runtime-3.5_2.12:$ICEBERG_VERSION" >&2
+  mvn -q -B dependency:copy \
+    -Dartifact="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:$ICEBERG_VERSION:jar" \
+    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
+fi
+test -s "$jar"
+echo "setup-peers: ready ($PEERS_DIR)" >&2

@@ -1,0 +1,200 @@
+//! One handle over the catalogs we read from and write to: Spark/Java's filesystem layout (`hadoop`), iceberg-rust's
+//! SQL catalog on sqlite (`sql`, the embedded default) and any Iceberg REST catalog (`rest`).
+//!
+//! Commits of hand-built snapshots (row deltas) go through [`Catalog::commit`]: iceberg-rust 0.10.1 keeps
+//! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
+//! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
+mod hadoop;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use iceberg::io::{FileIO, FileIOBuilder, LocalFsStorageFactory};
+use iceberg::spec::TableMetadata;
+use iceberg::table::Table;
+use iceberg::{Catalog as _, CatalogBuilder, MetadataLocation, NamespaceIdent, TableCreation, TableIdent};
+use iceberg::{TableRequirement, TableUpdate};
+use iceberg_catalog_rest::{RestCatalog, RestCatalogBuilder};
+use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
+
+use crate::config::{split_table_name, CatalogConfig, CatalogType};
+use crate::error::{Error, Result};
+
+pub use hadoop::HadoopCatalog;
+
+/// Default name of the sqlite catalog (the `catalog_name` column of its tables).
+pub const SQL_DEFAULT_NAME: &str = "cdc";
+const SQL_NAME_PROP: &str = "name";
+
+pub enum Catalog {
+    Hadoop(HadoopCatalog),
+    Sql { inner: SqlCatalog, pool: sqlx::SqlitePool, name: String },
+    Rest(RestCatalog),
+}
+
+fn local_file_io() -> FileIO {
+    FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build()
+}
+
+fn strip_file_scheme(p: &str) -> String {
+    p.strip_prefix("file://").or_else(|| p.strip_prefix("file:")).unwrap_or(p).to_string()
+}
+
+impl Catalog {
+    /// `label` names the catalog in messages ("source", "target").
+    pub async fn connect(cfg: &CatalogConfig, label: &str) -> Result<Catalog> {
+        let warehouse = cfg.warehouse.clone().unwrap_or_default();
+        match cfg.kind {
+            CatalogType::Hadoop => Ok(Catalog::Hadoop(HadoopCatalog::new(strip_file_scheme(&warehouse), local_file_io()))),
+            CatalogType::Sql => {
+                let wh = strip_file_scheme(&warehouse);
+                std::fs::create_dir_all(&wh).map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false))?;
+                let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
+                let name = props.remove(SQL_NAME_PROP).unwrap_or_else(|| SQL_DEFAULT_NAME.to_string());
+                let uri = props.remove("uri").unwrap_or_else(|| format!("sqlite:{wh}/catalog.db"));
+                // sqlx only creates a missing sqlite file when asked to.
+                let uri = if uri.contains('?') || uri.contains(":memory:") { uri } else { format!("{uri}?mode=rwc") };
+                props.insert("uri".into(), uri.clone());
+                props.insert("warehouse".into(), wh.clone());
+                let inner = SqlCatalogBuilder::default()
+                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .load(name.clone(), props)
+                    .await
+                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(2)
+                    .connect(&uri)
+                    .await
+                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
+                Ok(Catalog::Sql { inner, pool, name })
+            }
+            CatalogType::Rest => {
+                let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
+                if !warehouse.is_empty() {
+                    props.insert("warehouse".into(), warehouse);
+                }
+                let uri = props.get("uri").cloned().unwrap_or_default();
+                let client = reqwest::Client::builder()
+                    .connect_timeout(std::time::Duration::from_secs(10))
+                    .timeout(std::time::Duration::from_secs(120))
+                    .build()
+                    .map_err(|e| Error::catalog(label, e, false))?;
+                let cat = RestCatalogBuilder::default()
+                    .with_client(client)
+                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .load(label.to_string(), props)
+                    .await
+                    .map_err(|e| Error::catalog(label, format!("REST catalog {uri}: {e}"), e.retryable()))?;
+                Ok(Catalog::Rest(cat))
+            }
+        }
+    }
+
+    fn ident(name: &str) -> Result<TableIdent> {
+        let (ns, t) = split_table_name(name);
+        TableIdent::from_strs(ns.iter().map(String::as_str).chain(std::iter::once(t.as_str())))
+            .map_err(|e| Error::Config(vec![format!("table name `{name}`: {e}")]))
+    }
+
+    pub async fn load_table(&self, name: &str) -> Result<Table> {
+        let ident = Self::ident(name)?;
+        let res = match self {
+            Catalog::Hadoop(h) => return h.load_table(&ident).await,
+            Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
+            Catalog::Rest(c) => c.load_table(&ident).await,
+        };
+        res.map_err(|e| self.map_load_error(name, e))
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Catalog::Hadoop(_) => "hadoop",
+            Catalog::Sql { .. } => "sql",
+            Catalog::Rest(_) => "rest",
+        }
+    }
+
+    fn map_load_error(&self, name: &str, e: iceberg::Error) -> Error {
+        let msg = e.to_string();
+        let not_found = matches!(e.kind(), iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound)
+            || msg.contains("No such table")
+            || msg.contains("does not exist")
+            || msg.contains("NoSuchTable")
+            || msg.contains("NoSuchNamespace");
+        if not_found {
+            Error::TableNotFound { catalog: self.label().into(), table: name.into() }
+        } else {
+            let retryable = e.retryable() || msg.contains("error sending request") || msg.contains("connect");
+            Error::catalog(self.label(), msg, retryable)
+        }
+    }
+
+    /// Creates the namespace when missing, then the table.
+    pub async fn create_table(&self, name: &str, creation: TableCreation) -> Result<Table> {
+        let ident = Self::ident(name)?;
+        let ns = ident.namespace().clone();
+        match self {
+            Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
+            Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
+            Catalog::Rest(c) => Self::create_via(c, &ns, creation).await,
+        }
+    }
+
+    async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+        if !c.namespace_exists(ns).await? {
+            c.create_namespace(ns, HashMap::new()).await?;
+        }
+        Ok(c.create_table(ns, creation).await?)
+    }
+
+    /// Applies `updates` to `table` if `requirements` still hold, atomically. Returns the reloaded table.
+    pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
+        match self {
+            Catalog::Hadoop(h) => h.commit(table, requirements, updates).await,
+            Catalog::Sql { pool, name, .. } => {
+                let ident = table.identifier();
+                let current = table.metadata_location_result()?.to_string();
+                let new_meta = apply_updates(table.metadata(), &current, &requirements, updates)?;
+                let loc = MetadataLocation::from_str(&current)?.with_next_version().with_new_metadata(&new_meta);
+                new_meta.write_to(table.file_io(), &loc).await?;
+                let new_loc = loc.to_string();
+                let res = sqlx::query(
+                    "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+                     WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND metadata_location = ?",
+                )
+                .bind(&new_loc)
+                .bind(&current)
+                .bind(name)
+                .bind(ident.namespace().join("."))
+                .bind(ident.name())
+                .bind(&current)
+                .execute(pool)
+                .await
+                .map_err(|e| Error::catalog("sql", e, true))?;
+                if res.rows_affected() == 0 {
+                    return Err(Error::catalog("sql", format!("commit conflict on {ident}: the table changed since it was loaded"), true));
+                }
+                self.load_table(&format!("{}.{}", ident.namespace().join("."), ident.name())).await
+            }
+            Catalog::Rest(_) => Err(Error::catalog("rest", "row-delta commits through REST are not implemented yet", false)),
+        }
+    }
+}
+
+/// Checks the requirements against `meta` and applies the updates, as a catalog server would.
+pub fn apply_updates(
+    meta: &TableMetadata,
+    current_location: &str,
+    requirements: &[TableRequirement],
+    updates: Vec<TableUpdate>,
+) -> Result<TableMetadata> {
+    for r in requirements {
+        r.check(Some(meta)).map_err(|e| Error::catalog("commit", format!("requirement failed: {e}"), true))?;
+    }
+    let mut builder = meta.clone().into_builder(Some(current_location.to_string()));
+    for u in updates {
+        builder = u.apply(builder)?;
+    }
+    Ok(builder.build()?.metadata)
+}

@@ -1,0 +1,96 @@
+//! Change rows: the change types and the metadata columns every change row carries.
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use iceberg::spec::{NestedField, PrimitiveType, Type};
+
+use crate::error::Result;
+
+pub const CHANGE_TYPE: &str = "_change_type";
+pub const COMMIT_SNAPSHOT_ID: &str = "_commit_snapshot_id";
+pub const COMMIT_SEQUENCE_NUMBER: &str = "_commit_snapshot_sequence_number";
+pub const COMMIT_TIMESTAMP: &str = "_commit_timestamp";
+pub const CHANGE_ORDINAL: &str = "_change_ordinal";
+
+/// Field ids of the metadata columns in Parquet output: the top of the id space Iceberg reserves for metadata
+/// columns, below the ids the spec already assigns (`_file`, `_pos`, ...).
+pub const CHANGE_TYPE_ID: i32 = 2147482000;
+pub const COMMIT_SNAPSHOT_ID_ID: i32 = 2147482001;
+pub const COMMIT_SEQUENCE_NUMBER_ID: i32 = 2147482002;
+pub const COMMIT_TIMESTAMP_ID: i32 = 2147482003;
+pub const CHANGE_ORDINAL_ID: i32 = 2147482004;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChangeType {
+    Delete,
+    Insert,
+    UpdateBefore,
+    UpdateAfter,
+}
+
+impl ChangeType {
+    pub const ALL: [ChangeType; 4] = [ChangeType::Insert, ChangeType::Delete, ChangeType::UpdateBefore, ChangeType::UpdateAfter];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Delete => "DELETE",
+            ChangeType::Insert => "INSERT",
+            ChangeType::UpdateBefore => "UPDATE_BEFORE",
+            ChangeType::UpdateAfter => "UPDATE_AFTER",
+        }
+    }
+    pub fn parse(s: &str) -> Option<ChangeType> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// The commit a batch of change rows belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitInfo {
+    pub snapshot_id: i64,
+    pub sequence_number: i64,
+    pub timestamp_ms: i64,
+    pub ordinal: i32,
+}
+
+/// Iceberg fields of the metadata columns, appended to the table schema in typed output.
+pub fn metadata_fields() -> Vec<NestedField> {
+    vec![
+        NestedField::required(CHANGE_TYPE_ID, CHANGE_TYPE, Type::Primitive(PrimitiveType::String)),
+        NestedField::required(COMMIT_SNAPSHOT_ID_ID, COMMIT_SNAPSHOT_ID, Type::Primitive(PrimitiveType::Long)),
+        NestedField::required(COMMIT_SEQUENCE_NUMBER_ID, COMMIT_SEQUENCE_NUMBER, Type::Primitive(PrimitiveType::Long)),
+        NestedField::required(COMMIT_TIMESTAMP_ID, COMMIT_TIMESTAMP, Type::Primitive(PrimitiveType::Timestamptz)),
+        NestedField::required(CHANGE_ORDINAL_ID, CHANGE_ORDINAL, Type::Primitive(PrimitiveType::Int)),
+    ]
+}
+
+/// Arrow schema of change rows: the (relaxed) table columns followed by the metadata columns.
+pub fn change_schema(data: &SchemaRef) -> SchemaRef {
+    let mut fields: Vec<Field> = data.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let meta = |name: &str, id: i32, dt: DataType| {
+        Field::new(name, dt, false).with_metadata([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())].into())
+    };
+    fields.push(meta(CHANGE_TYPE, CHANGE_TYPE_ID, DataType::Utf8));
+    fields.push(meta(COMMIT_SNAPSHOT_ID, COMMIT_SNAPSHOT_ID_ID, DataType::Int64));
+    fields.push(meta(COMMIT_SEQUENCE_NUMBER, COMMIT_SEQUENCE_NUMBER_ID, DataType::Int64));
+    fields.push(meta(COMMIT_TIMESTAMP, COMMIT_TIMESTAMP_ID, DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))));
+    fields.push(meta(CHANGE_ORDINAL, CHANGE_ORDINAL_ID, DataType::Int32));
+    Arc::new(Schema::new_with_metadata(fields, data.metadata().clone()))
+}
+
+/// Builds change rows from table columns (already in the output schema) and their change types.
+pub fn with_metadata(schema: &SchemaRef, data_cols: Vec<ArrayRef>, change_types: ArrayRef, commit: CommitInfo) -> Result<RecordBatch> {
+    let n = change_types.len();
+    let mut cols = data_cols;
+    cols.push(change_types);
+    cols.push(Arc::new(Int64Array::from(vec![commit.snapshot_id; n])));
+    cols.push(Arc::new(Int64Array::from(vec![commit.sequence_number; n])));
+    cols.push(Arc::new(TimestampMicrosecondArray::from(vec![commit.timestamp_ms * 1000; n]).with_timezone("+00:00")));
+    cols.push(Arc::new(Int32Array::from(vec![commit.ordinal; n])));
+    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+}
+
+/// Reads the `_change_type` column of a change batch.
+pub fn change_types(batch: &RecordBatch) -> Option<&StringArray> {
+    batch.column_by_name(CHANGE_TYPE)?.as_any().downcast_ref::<StringArray>()
+}

@@ -1,0 +1,275 @@
+//! Configuration: parse (serde, unknown keys rejected) → validate (pure, every problem reported at once) → build
+//! (the catalog modules touch the network).
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceConfig,
+    #[serde(default)]
+    pub engine: EngineConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// `namespace.table` (nested namespaces: `a.b.table`).
+    pub table: String,
+    /// Row key; default: the table's identifier fields.
+    pub key_columns: Option<Vec<String>>,
+    pub catalog: CatalogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CatalogType {
+    Hadoop,
+    Sql,
+    Rest,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CatalogConfig {
+    #[serde(rename = "type")]
+    pub kind: CatalogType,
+    pub warehouse: Option<String>,
+    /// Everything else is a catalog property (uri, token, credential, header.X, ...).
+    #[serde(flatten)]
+    pub props: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Memory a snapshot's change rows may take before they are sorted in runs and spilled to disk
+    /// ("256MiB", "1GiB", or bytes).
+    #[serde(default = "default_budget", deserialize_with = "de_bytes")]
+    pub memory_budget: u64,
+    /// Where spill files go; default: the system temp dir.
+    pub spill_dir: Option<PathBuf>,
+    /// Data files read concurrently.
+    #[serde(default = "default_concurrency")]
+    pub read_concurrency: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { memory_budget: DEFAULT_MEMORY_BUDGET, spill_dir: None, read_concurrency: default_concurrency() }
+    }
+}
+
+fn default_budget() -> u64 {
+    DEFAULT_MEMORY_BUDGET
+}
+fn default_concurrency() -> usize {
+    4
+}
+
+fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        N(u64),
+        S(String),
+    }
+    match V::deserialize(d)? {
+        V::N(n) => Ok(n),
+        V::S(s) => parse_bytes(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+/// "512MiB", "2 GiB", "100MB", "1048576".
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a size (e.g. 256MiB)"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        u => return Err(format!("unknown size unit `{u}` in `{s}` (use B, KiB, MiB, GiB)")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+/// Expands `${NAME}` from the environment; `$${` stays a literal `${`. Unset variables are errors.
+pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::result::Result<String, Vec<String>> {
+    let mut out = String::with_capacity(text.len());
+    let mut errors = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("${") {
+        if i > 0 && rest.as_bytes()[i - 1] == b'$' {
+            out.push_str(&rest[..i - 1]);
+            out.push_str("${");
+            rest = &rest[i + 2..];
+            continue;
+        }
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        match after.find('}') {
+            Some(end) => {
+                let name = &after[..end];
+                match lookup(name) {
+                    Some(v) => out.push_str(&v),
+                    None => errors.push(format!("environment variable `{name}` is not set (referenced as ${{{name}}})")),
+                }
+                rest = &after[end + 1..];
+            }
+            None => {
+                errors.push("unterminated `${` in config".to_string());
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    if errors.is_empty() { Ok(out) } else { Err(errors) }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| Error::ConfigFile { path: path.to_path_buf(), source })?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Config> {
+        let text = expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
+        let problems = cfg.validate();
+        if problems.is_empty() { Ok(cfg) } else { Err(Error::Config(problems)) }
+    }
+
+    /// Pure checks; returns every problem found.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        validate_table_name("source.table", &self.source.table, &mut p);
+        self.source.catalog.validate("source.catalog", &mut p);
+        if let Some(keys) = &self.source.key_columns {
+            if keys.is_empty() {
+                p.push("source.key_columns: must not be empty (omit it to use the identifier fields)".into());
+            }
+            let mut seen = std::collections::HashSet::new();
+            for k in keys {
+                if !seen.insert(k) {
+                    p.push(format!("source.key_columns: `{k}` is listed twice"));
+                }
+            }
+        }
+        if self.engine.memory_budget < 1024 * 1024 {
+            p.push(format!("engine.memory_budget: {} bytes is below the 1MiB minimum", self.engine.memory_budget));
+        }
+        if self.engine.read_concurrency == 0 || self.engine.read_concurrency > 256 {
+            p.push("engine.read_concurrency: must be between 1 and 256".into());
+        }
+        p
+    }
+}
+
+fn validate_table_name(field: &str, name: &str, p: &mut Vec<String>) {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() < 2 || parts.iter().any(|s| s.trim().is_empty()) {
+        p.push(format!("{field}: `{name}` must be `namespace.table`"));
+    }
+}
+
+impl CatalogConfig {
+    pub fn validate(&self, field: &str, p: &mut Vec<String>) {
+        match self.kind {
+            CatalogType::Hadoop => {
+                if self.warehouse.as_deref().unwrap_or("").is_empty() {
+                    p.push(format!("{field}.warehouse: required for a hadoop catalog (the warehouse directory)"));
+                }
+                for k in self.props.keys() {
+                    p.push(format!("{field}.{k}: unknown key for a hadoop catalog (it only takes `warehouse`)"));
+                }
+            }
+            CatalogType::Sql => {
+                if self.warehouse.as_deref().unwrap_or("").is_empty() {
+                    p.push(format!("{field}.warehouse: required for a sql catalog (where table files live)"));
+                }
+                if let Some(uri) = self.props.get("uri") {
+                    if !uri.starts_with("sqlite:") {
+                        p.push(format!("{field}.uri: `{uri}` — only sqlite: URIs are supported"));
+                    }
+                }
+            }
+            CatalogType::Rest => match self.props.get("uri") {
+                None => p.push(format!("{field}.uri: required for a rest catalog")),
+                Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                    p.push(format!("{field}.uri: `{u}` must start with http:// or https://"))
+                }
+                _ => {}
+            },
+        }
+    }
+}
+
+/// Splits `a.b.table` into (namespace parts, table name).
+pub fn split_table_name(name: &str) -> (Vec<String>, String) {
+    let mut parts: Vec<String> = name.split('.').map(str::to_string).collect();
+    let table = parts.pop().unwrap_or_default();
+    (parts, table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let err = Config::parse(
+            r#"
+            [source]
+            table = "orders"
+            key_columns = ["id", "id"]
+            [source.catalog]
+            type = "rest"
+            [engine]
+            memory_budget = "10KiB"
+            "#,
+        )
+        .unwrap_err();
+        let Error::Config(p) = err else { panic!("{err}") };
+        assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        let err = Config::parse("[source]\ntable='a.b'\nbogus=1\n[source.catalog]\ntype='hadoop'\nwarehouse='/x'\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn expands_env_and_passes_props() {
+        let out = expand_env("a=${X} b=$${Y}", |k| (k == "X").then(|| "1".to_string())).unwrap();
+        assert_eq!(out, "a=1 b=${Y}");
+        assert!(expand_env("${NOPE}", |_| None).unwrap_err()[0].contains("NOPE"));
+        let cfg = Config::parse(
+            "[source]\ntable='db.t'\n[source.catalog]\ntype='rest'\nuri='http://x'\n'header.X-Y'='z'\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.source.catalog.props.get("header.X-Y").unwrap(), "z");
+        assert_eq!(cfg.engine.memory_budget, DEFAULT_MEMORY_BUDGET);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("2 GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("123").unwrap(), 123);
+        assert!(parse_bytes("5 parsecs").is_err());
+    }
+}

@@ -1,0 +1,115 @@
+//! Library errors. Each variant knows whether retrying can help and which process exit code it maps to, so the
+//! CLI can tell a user (and systemd) apart "fix your input" from "try again later".
+use std::path::PathBuf;
+
+/// Process exit codes, one per class of failure (documented in README).
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const INTERNAL: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const CONFIG: i32 = 3;
+    pub const NOT_FOUND: i32 = 4;
+    pub const RANGE: i32 = 5;
+    pub const EXPIRED: i32 = 6;
+    pub const SCHEMA: i32 = 7;
+    pub const DATA: i32 = 8;
+    pub const CATALOG: i32 = 9;
+    pub const IO: i32 = 10;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+    Config(Vec<String>),
+
+    #[error("cannot read config file {path}: {source}")]
+    ConfigFile { path: PathBuf, source: std::io::Error },
+
+    #[error("catalog error ({catalog}): {message}")]
+    Catalog { catalog: String, message: String, retryable: bool },
+
+    #[error("table `{table}` not found in catalog `{catalog}`; check `table` (namespace.table) and the catalog settings")]
+    TableNotFound { catalog: String, table: String },
+
+    #[error("snapshot {snapshot} does not exist in table `{table}`; it may have been expired (expire_snapshots) — run `cdc snapshots` to list the snapshots that remain")]
+    SnapshotNotFound { table: String, snapshot: i64 },
+
+    #[error("invalid snapshot range: {0}")]
+    Range(String),
+
+    #[error("key columns: {0}")]
+    Key(String),
+
+    #[error("schema: {0}")]
+    Schema(String),
+
+    #[error("cannot read {path}: {message}")]
+    Data { path: String, message: String },
+
+    #[error("I/O error on {path}: {message}")]
+    Io { path: String, message: String, retryable: bool },
+
+    #[error("iceberg: {0}")]
+    Iceberg(#[from] iceberg::Error),
+
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the same call may succeed later without the user changing anything.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } => *retryable,
+            Error::Iceberg(e) => e.retryable(),
+            _ => false,
+        }
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
+            Error::Catalog { .. } => exit::CATALOG,
+            Error::TableNotFound { .. } => exit::NOT_FOUND,
+            Error::SnapshotNotFound { .. } => exit::EXPIRED,
+            Error::Range(_) => exit::RANGE,
+            Error::Key(_) | Error::Schema(_) => exit::SCHEMA,
+            Error::Data { .. } => exit::DATA,
+            Error::Io { .. } => exit::IO,
+            Error::Iceberg(e) => match e.kind() {
+                iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound => exit::NOT_FOUND,
+                iceberg::ErrorKind::DataInvalid => exit::DATA,
+                _ => exit::INTERNAL,
+            },
+            Error::Internal(_) => exit::INTERNAL,
+        }
+    }
+
+    pub fn data(path: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        Error::Data { path: path.into(), message: message.to_string() }
+    }
+
+    pub fn catalog(catalog: impl Into<String>, e: impl std::fmt::Display, retryable: bool) -> Self {
+        Error::Catalog { catalog: catalog.into(), message: e.to_string(), retryable }
+    }
+}
+
+impl From<arrow_schema::ArrowError> for Error {
+    fn from(e: arrow_schema::ArrowError) -> Self {
+        Error::Internal(format!("arrow: {e}"))
+    }
+}
+
+impl From<parquet::errors::ParquetError> for Error {
+    fn from(e: parquet::errors::ParquetError) -> Self {
+        Error::Data { path: String::from("<parquet>"), message: e.to_string() }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io { path: String::new(), message: e.to_string(), retryable: false }
+    }
+}

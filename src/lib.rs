@@ -1,0 +1,15 @@
+//! iceberg-cdc: change data capture for Apache Iceberg tables.
+//!
+//! Data flows one way: `source` (lineage, planning, reading, the changelog scan) → `change` (row types and metadata
+//! columns) → `pipeline` (the only module that sees both sides) → outputs and sinks.
+pub mod catalog;
+pub mod change;
+pub mod config;
+pub mod error;
+pub mod output;
+pub mod pipeline;
+pub mod quickstart;
+pub mod rowdelta;
+pub mod source;
+
+pub use error::{Error, Result};

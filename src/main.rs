@@ -1,0 +1,173 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use iceberg_cdc::config::Config;
+use iceberg_cdc::error::{exit, Error};
+use iceberg_cdc::output::{self, Format};
+use iceberg_cdc::pipeline;
+use iceberg_cdc::source::lineage::{self, Bound};
+
+#[derive(Parser)]
+#[command(name = "cdc", version, about = "Change data capture for Apache Iceberg tables")]
+struct Cli {
+    /// Log filter (also RUST_LOG), e.g. `info`, `iceberg_cdc=debug`.
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the main-branch lineage of the source table.
+    Snapshots {
+        #[arg(long)]
+        config: PathBuf,
+        /// One JSON object per snapshot instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the change rows of a snapshot range (start exclusive, end inclusive).
+    Changes {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        range: RangeArgs,
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: Format,
+        /// Output file (default: stdout). Written atomically.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Build a small demo table (local warehouse + sqlite catalog) with a few commits and print its changes.
+    Quickstart {
+        /// Where the demo warehouse and cdc.toml go.
+        #[arg(long, default_value = "cdc-quickstart")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RangeArgs {
+    /// Exclusive start snapshot id (default: from the first snapshot, inclusive).
+    #[arg(long, conflicts_with = "from_timestamp")]
+    from_snapshot: Option<i64>,
+    /// Exclusive start: the last snapshot at or before this time (RFC 3339 or epoch ms).
+    #[arg(long)]
+    from_timestamp: Option<String>,
+    /// Inclusive end snapshot id (default: the current snapshot).
+    #[arg(long, conflicts_with = "to_timestamp")]
+    to_snapshot: Option<i64>,
+    /// Inclusive end: the last snapshot at or before this time (RFC 3339 or epoch ms).
+    #[arg(long)]
+    to_timestamp: Option<String>,
+}
+
+impl RangeArgs {
+    fn bounds(&self) -> Result<(Option<Bound>, Option<Bound>), Error> {
+        let ts = |s: &Option<String>, flag: &str| -> Result<Option<Bound>, Error> {
+            s.as_deref()
+                .map(|t| lineage::parse_timestamp(t).map(Bound::TimestampMs).map_err(|e| Error::Config(vec![format!("{flag}: {e}")])))
+                .transpose()
+        };
+        let from = match self.from_snapshot {
+            Some(id) => Some(Bound::Snapshot(id)),
+            None => ts(&self.from_timestamp, "--from-timestamp")?,
+        };
+        let to = match self.to_snapshot {
+            Some(id) => Some(Bound::Snapshot(id)),
+            None => ts(&self.to_timestamp, "--to-timestamp")?,
+        };
+        Ok((from, to))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE as u8 } else { 0 });
+        }
+    };
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(run(cli.cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = e.downcast_ref::<Error>().map(Error::exit_code).unwrap_or(exit::INTERNAL);
+            eprintln!("error: {e:#}");
+            ExitCode::from(code as u8)
+        }
+    }
+}
+
+async fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Snapshots { config, json } => {
+            let cfg = Config::load(&config)?;
+            let (_, table) = pipeline::load_source(&cfg).await?;
+            let lineage = lineage::main_lineage(table.metadata());
+            if !json {
+                println!("{:<20} {:<20} {:>5} {:<24} {:<10} {:>8} {:>8} {:>8} {:>8}", "snapshot_id", "parent_id", "seq", "committed_at", "operation", "+files", "-files", "+rows", "-rows");
+            }
+            for s in lineage {
+                let sum = &s.summary().additional_properties;
+                let g = |k: &str| sum.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+                let removed_rows = g("deleted-records") + g("added-position-deletes") + g("added-equality-deletes");
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "snapshot_id": s.snapshot_id(), "parent_id": s.parent_snapshot_id(), "sequence_number": s.sequence_number(),
+                            "timestamp_ms": s.timestamp_ms(), "committed_at": lineage::fmt_ms(s.timestamp_ms()),
+                            "operation": s.summary().operation.as_str(),
+                            "added_data_files": g("added-data-files"), "deleted_data_files": g("deleted-data-files"),
+                            "added_delete_files": g("added-delete-files"), "added_records": g("added-records"), "removed_records": removed_rows,
+                            "summary": sum,
+                        })
+                    );
+                } else {
+                    println!(
+                        "{:<20} {:<20} {:>5} {:<24} {:<10} {:>8} {:>8} {:>8} {:>8}",
+                        s.snapshot_id(),
+                        s.parent_snapshot_id().map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                        s.sequence_number(),
+                        lineage::fmt_ms(s.timestamp_ms()),
+                        s.summary().operation.as_str(),
+                        g("added-data-files") + g("added-delete-files"),
+                        g("deleted-data-files") + g("removed-delete-files"),
+                        g("added-records"),
+                        removed_rows
+                    );
+                }
+            }
+        }
+        Cmd::Changes { config, range, format, output } => {
+            let cfg = Config::load(&config)?;
+            let (from, to) = range.bounds()?;
+            let (_, table) = pipeline::load_source(&cfg).await?;
+            let summary = pipeline::run_changes(
+                &cfg,
+                &table,
+                from,
+                to,
+                |schema| output::open(format, output.as_deref(), schema),
+                |_| {},
+            )
+            .await?;
+            tracing::info!(?summary, "changes done");
+            eprintln!(
+                "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read in {:.2}s",
+                summary.snapshots, summary.skipped_replace, summary.inserts, summary.deletes, summary.update_pairs,
+                summary.files_read, summary.bytes_read as f64 / 1e6, summary.seconds
+            );
+        }
+        Cmd::Quickstart { dir } => {
+            iceberg_cdc::quickstart::run(&dir).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,312 @@
+//! Writers for change rows: JSON lines (the Iceberg spec's single-value JSON serialization) and Parquet.
+//! File outputs are written to a temporary name and renamed on success, so a failed run leaves no partial file.
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::{DataType, Field, SchemaRef, TimeUnit};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Jsonl,
+    Parquet,
+}
+
+pub trait ChangeWriter {
+    fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    fn finish(self: Box<Self>) -> Result<()>;
+}
+
+/// Where output goes: stdout, or a file made visible only when complete.
+enum Target {
+    Stdout(std::io::BufWriter<std::io::Stdout>),
+    File { tmp: tempfile::NamedTempFile, path: PathBuf },
+}
+
+impl Target {
+    fn open(path: Option<&Path>) -> Result<Target> {
+        match path {
+            None => Ok(Target::Stdout(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout()))),
+            Some(p) => {
+                let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let tmp = tempfile::Builder::new().prefix(".cdc-out-").tempfile_in(dir).map_err(|e| Error::Io {
+                    path: dir.display().to_string(),
+                    message: e.to_string(),
+                    retryable: false,
+                })?;
+                Ok(Target::File { tmp, path: p.to_path_buf() })
+            }
+        }
+    }
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Target::Stdout(w) => w,
+            Target::File { tmp, .. } => tmp.as_file_mut(),
+        }
+    }
+    fn commit(self) -> Result<()> {
+        match self {
+            Target::Stdout(mut w) => w.flush().map_err(Error::from),
+            Target::File { tmp, path } => {
+                tmp.persist(&path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string(), retryable: false })?;
+                Ok(())
+            }
+        }
+    }
+}
+
+pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Box<dyn ChangeWriter>> {
+    let target = Target::open(path)?;
+    Ok(match format {
+        Format::Jsonl => Box::new(JsonLines { target, line: String::new() }),
+        Format::Parquet => {
+            let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap())).build();
+            Box::new(ParquetOut { writer: Some(ArrowWriter::try_new(SharedTarget(std::rc::Rc::new(std::cell::RefCell::new(target))), schema, Some(props))?) })
+        }
+    })
+}
+
+struct JsonLines {
+    target: Target,
+    line: String,
+}
+
+impl ChangeWriter for JsonLines {
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let schema = batch.schema();
+        for row in 0..batch.num_rows() {
+            self.line.clear();
+            self.line.push('{');
+            for (i, f) in schema.fields().iter().enumerate() {
+                if i > 0 {
+                    self.line.push(',');
+                }
+                push_json_str(&mut self.line, f.name());
+                self.line.push(':');
+                json_value(&mut self.line, batch.column(i).as_ref(), f, row)?;
+            }
+            self.line.push_str("}\n");
+            self.target.writer().write_all(self.line.as_bytes())?;
+        }
+        Ok(())
+    }
+    fn finish(self: Box<Self>) -> Result<()> {
+        self.target.commit()
+    }
+}
+
+/// ArrowWriter owns its sink; share the target so it can be committed after the footer is written.
+struct SharedTarget(std::rc::Rc<std::cell::RefCell<Target>>);
+impl Write for SharedTarget {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().writer().write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.borrow_mut().writer().flush()
+    }
+}
+// The writer is used from one thread only; ArrowWriter needs Send for its sink.
+unsafe impl Send for SharedTarget {}
+
+struct ParquetOut {
+    writer: Option<ArrowWriter<SharedTarget>>,
+}
+
+impl ChangeWriter for ParquetOut {
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.writer.as_mut().expect("not finished").write(batch)?;
+        Ok(())
+    }
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        let w = self.writer.take().expect("not finished");
+        let shared = w.into_inner()?;
+        let target = std::rc::Rc::try_unwrap(shared.0).map_err(|_| Error::Internal("parquet sink still shared".into()))?.into_inner();
+        target.commit()
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+}
+
+fn field_key(f: &Field) -> String {
+    crate::source::reader::field_id(f).map(|id| id.to_string()).unwrap_or_else(|| f.name().clone())
+}
+
+/// Appends the Iceberg single-value JSON form of `array[row]`.
+pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize) -> Result<()> {
+    if array.is_null(row) {
+        out.push_str("null");
+        return Ok(());
+    }
+    macro_rules! num {
+        ($t:ty) => {{
+            let _ = write!(out, "{}", array.as_primitive::<$t>().value(row));
+        }};
+    }
+    macro_rules! float {
+        ($t:ty) => {{
+            let v = array.as_primitive::<$t>().value(row) as f64;
+            if v.is_finite() {
+                let _ = write!(out, "{}", serde_json::Number::from_f64(v).expect("finite"));
+            } else {
+                push_json_str(out, if v.is_nan() { "NaN" } else if v > 0.0 { "Infinity" } else { "-Infinity" });
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::Boolean => out.push_str(if array.as_boolean().value(row) { "true" } else { "false" }),
+        DataType::Int8 => num!(Int8Type),
+        DataType::Int16 => num!(Int16Type),
+        DataType::Int32 => num!(Int32Type),
+        DataType::Int64 => num!(Int64Type),
+        DataType::UInt32 => num!(UInt32Type),
+        DataType::UInt64 => num!(UInt64Type),
+        DataType::Float32 => float!(Float32Type),
+        DataType::Float64 => float!(Float64Type),
+        DataType::Decimal128(p, s) => {
+            let v = array.as_primitive::<Decimal128Type>().value(row);
+            push_json_str(out, &Decimal128Type::format_decimal(v, *p, *s));
+        }
+        DataType::Date32 => {
+            let d = chrono::DateTime::from_timestamp(array.as_primitive::<Date32Type>().value(row) as i64 * 86_400, 0)
+                .ok_or_else(|| Error::Internal("date out of range".into()))?;
+            push_json_str(out, &d.format("%Y-%m-%d").to_string());
+        }
+        DataType::Time64(TimeUnit::Microsecond) => {
+            let us = array.as_primitive::<Time64MicrosecondType>().value(row);
+            let t = chrono::NaiveTime::from_num_seconds_from_midnight_opt((us / 1_000_000) as u32, ((us % 1_000_000) * 1000) as u32)
+                .ok_or_else(|| Error::Internal("time out of range".into()))?;
+            push_json_str(out, &t.format("%H:%M:%S%.6f").to_string());
+        }
+        DataType::Timestamp(unit, tz) => {
+            let (dt, fmt) = match unit {
+                TimeUnit::Microsecond => (
+                    chrono::DateTime::from_timestamp_micros(array.as_primitive::<TimestampMicrosecondType>().value(row)),
+                    "%Y-%m-%dT%H:%M:%S%.6f",
+                ),
+                TimeUnit::Nanosecond => (
+                    Some(chrono::DateTime::from_timestamp_nanos(array.as_primitive::<TimestampNanosecondType>().value(row))),
+                    "%Y-%m-%dT%H:%M:%S%.9f",
+                ),
+                TimeUnit::Millisecond => (
+                    chrono::DateTime::from_timestamp_millis(array.as_primitive::<TimestampMillisecondType>().value(row)),
+                    "%Y-%m-%dT%H:%M:%S%.6f",
+                ),
+                TimeUnit::Second => (
+                    chrono::DateTime::from_timestamp(array.as_primitive::<TimestampSecondType>().value(row), 0),
+                    "%Y-%m-%dT%H:%M:%S%.6f",
+                ),
+            };
+            let dt = dt.ok_or_else(|| Error::Internal("timestamp out of range".into()))?;
+            let mut s = dt.naive_utc().format(fmt).to_string();
+            if tz.is_some() {
+                s.push_str("+00:00");
+            }
+            push_json_str(out, &s);
+        }
+        DataType::Utf8 => push_json_str(out, array.as_string::<i32>().value(row)),
+        DataType::LargeUtf8 => push_json_str(out, array.as_string::<i64>().value(row)),
+        DataType::Utf8View => push_json_str(out, array.as_string_view().value(row)),
+        DataType::Binary => push_json_str(out, &hex::encode_upper(array.as_binary::<i32>().value(row))),
+        DataType::LargeBinary => push_json_str(out, &hex::encode_upper(array.as_binary::<i64>().value(row))),
+        DataType::FixedSizeBinary(16) if is_uuid(field) => {
+            let b = array.as_fixed_size_binary().value(row);
+            push_json_str(out, &uuid::Uuid::from_slice(b).map(|u| u.to_string()).unwrap_or_else(|_| hex::encode_upper(b)));
+        }
+        DataType::FixedSizeBinary(_) => push_json_str(out, &hex::encode_upper(array.as_fixed_size_binary().value(row))),
+        DataType::Struct(fields) => {
+            let s = array.as_struct();
+            out.push('{');
+            for (i, f) in fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_str(out, &field_key(f));
+                out.push(':');
+                json_value(out, s.column(i).as_ref(), f, row)?;
+            }
+            out.push('}');
+        }
+        DataType::List(f) => {
+            let l = array.as_list::<i32>();
+            let v = l.value(row);
+            out.push('[');
+            for i in 0..v.len() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_value(out, v.as_ref(), f, i)?;
+            }
+            out.push(']');
+        }
+        DataType::LargeList(f) => {
+            let l = array.as_list::<i64>();
+            let v = l.value(row);
+            out.push('[');
+            for i in 0..v.len() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_value(out, v.as_ref(), f, i)?;
+            }
+            out.push(']');
+        }
+        DataType::Map(entries, _) => {
+            let m = array.as_map();
+            let e = m.value(row);
+            let DataType::Struct(kv) = entries.data_type() else { return Err(Error::Internal("map without struct entries".into())) };
+            for (name, col) in [("keys", 0), ("values", 1)] {
+                out.push_str(if col == 0 { "{\"keys\":[" } else { "],\"values\":[" });
+                let _ = name;
+                for i in 0..e.len() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    json_value(out, e.column(col).as_ref(), &kv[col], i)?;
+                }
+            }
+            out.push_str("]}");
+        }
+        other => return Err(Error::Schema(format!("column `{}`: type {other} has no JSON form here", field.name()))),
+    }
+    Ok(())
+}
+
+fn is_uuid(f: &Field) -> bool {
+    f.metadata().get("ARROW:extension:name").is_some_and(|n| n.contains("uuid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Date32Array, Decimal128Array, StringArray, TimestampMicrosecondArray};
+
+    fn one(a: &dyn Array) -> String {
+        let mut s = String::new();
+        json_value(&mut s, a, &Field::new("x", a.data_type().clone(), true), 0).unwrap();
+        s
+    }
+
+    #[test]
+    fn iceberg_single_value_json() {
+        assert_eq!(one(&Decimal128Array::from(vec![1430]).with_precision_and_scale(10, 2).unwrap()), "\"14.30\"");
+        assert_eq!(one(&Date32Array::from(vec![17486])), "\"2017-11-16\"");
+        assert_eq!(one(&TimestampMicrosecondArray::from(vec![1_510_871_468_123_456])), "\"2017-11-16T22:31:08.123456\"");
+        assert_eq!(
+            one(&TimestampMicrosecondArray::from(vec![1_510_871_468_123_456]).with_timezone("+00:00")),
+            "\"2017-11-16T22:31:08.123456+00:00\""
+        );
+        assert_eq!(one(&arrow_array::BinaryArray::from(vec![&[0x12u8, 0xab][..]])), "\"12AB\"");
+        assert_eq!(one(&StringArray::from(vec!["a\"b"])), "\"a\\\"b\"");
+        assert_eq!(one(&arrow_array::Float64Array::from(vec![f64::NAN])), "\"NaN\"");
+    }
+}

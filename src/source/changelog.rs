@@ -1,0 +1,384 @@
+//! The changelog scan: for each snapshot of a range, the rows it removed and added, netted into change rows.
+//!
+//! For every data file a snapshot touches (added, removed, or given new/removed delete files), the rows live before
+//! and after the snapshot are compared position by position: live before and not after → removed; live after and not
+//! before → added. "Live" applies the delete files of that state by the spec's rules (position deletes and DVs with
+//! sequence ≥ the file's, equality deletes with sequence > the file's, in its partition or globally). This single rule
+//! covers appends, copy-on-write rewrites, position deletes, deletion vectors (including a DV replacing an older one),
+//! equality deletes and rows added and deleted in the same snapshot.
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{BooleanArray, RecordBatch};
+use arrow_schema::SchemaRef;
+use futures::TryStreamExt;
+use iceberg::io::FileIO;
+use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotRef, Type};
+use iceberg::table::Table;
+use roaring::RoaringTreemap;
+
+use crate::change::{self, ChangeType, CommitInfo};
+use crate::error::{Error, Result};
+use crate::source::files::{self, FileEntry};
+use crate::source::net::{NetStats, Netter, Side};
+use crate::source::reader::{self, EqDeletes};
+
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    pub memory_budget: u64,
+    pub spill_dir: PathBuf,
+    pub concurrency: usize,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct SnapshotStats {
+    pub snapshot_id: i64,
+    pub operation: String,
+    pub files_read: u64,
+    pub rows_read: u64,
+    pub bytes_read: u64,
+    pub counts: [u64; 4],
+    pub net: NetStats,
+}
+
+impl SnapshotStats {
+    pub fn count(&self, t: ChangeType) -> u64 {
+        self.counts[t as usize]
+    }
+}
+
+/// Key columns as field ids: the configured names, else the identifier fields; empty = no key (whole-row identity).
+pub fn resolve_key(schema: &Schema, configured: Option<&[String]>) -> Result<Vec<i32>> {
+    let ids: Vec<i32> = match configured {
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                schema.field_by_name(n).map(|f| f.id).ok_or_else(|| {
+                    let cols: Vec<_> = schema.as_struct().fields().iter().map(|f| f.name.clone()).collect();
+                    Error::Key(format!("column `{n}` does not exist (columns: {})", cols.join(", ")))
+                })
+            })
+            .collect::<Result<_>>()?,
+        None => schema.identifier_field_ids().collect(),
+    };
+    for id in &ids {
+        let f = schema.field_by_id(*id).ok_or_else(|| Error::Key(format!("field id {id} not in schema")))?;
+        match f.field_type.as_ref() {
+            Type::Primitive(PrimitiveType::Float | PrimitiveType::Double) => {
+                return Err(Error::Key(format!("column `{}` is {}; float and double columns cannot be keys", f.name, f.field_type)))
+            }
+            Type::Primitive(_) => {}
+            other => return Err(Error::Key(format!("column `{}` is {other}; keys must be primitive columns", f.name))),
+        }
+    }
+    Ok(ids)
+}
+
+pub fn arrow_schema(schema: &Schema) -> Result<SchemaRef> {
+    Ok(reader::relax(&Arc::new(iceberg::arrow::schema_to_arrow_schema(schema)?)))
+}
+
+/// Deletes read once and shared by every snapshot that still has them.
+#[derive(Default)]
+struct DeleteCache {
+    pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>>>,
+    dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>>>,
+    eq: Mutex<HashMap<(String, i32), Arc<EqDeletes>>>,
+}
+
+impl DeleteCache {
+    /// Drops what the current snapshot no longer references (keeps memory proportional to live deletes).
+    fn retain(&self, live: &HashSet<&str>) {
+        self.pos.lock().unwrap().retain(|k, _| live.contains(k.as_str()));
+        self.dv.lock().unwrap().retain(|k, _| live.contains(k.0.as_str()));
+        self.eq.lock().unwrap().retain(|k, _| live.contains(k.0.as_str()));
+    }
+}
+
+/// The deletes of one state (before or after) that apply to one data file.
+#[derive(Default)]
+struct StateDeletes {
+    exists: bool,
+    positions: RoaringTreemap,
+    eq: Vec<Arc<EqDeletes>>,
+}
+
+pub struct ChangelogScan<'a> {
+    table: &'a Table,
+    key_ids: Vec<i32>,
+    out_schema: SchemaRef,
+    opts: ScanOptions,
+    cache: Arc<DeleteCache>,
+}
+
+impl<'a> ChangelogScan<'a> {
+    /// `output`: the Iceberg schema change rows are written in (the end snapshot's).
+    pub fn new(table: &'a Table, output: &Schema, key_ids: Vec<i32>, opts: ScanOptions) -> Result<Self> {
+        Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&arrow_schema(output)?), opts, cache: Default::default() })
+    }
+
+    pub fn output_schema(&self) -> SchemaRef {
+        self.out_schema.clone()
+    }
+
+    /// Emits the change rows of one snapshot, in key order.
+    pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, emit: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<SnapshotStats> {
+        let meta = self.table.metadata();
+        let mut stats = SnapshotStats {
+            snapshot_id: snapshot.snapshot_id(),
+            operation: snapshot.summary().operation.as_str().to_string(),
+            ..Default::default()
+        };
+        // Compaction and other rewrites change files, never rows.
+        if snapshot.summary().operation == Operation::Replace {
+            return Ok(stats);
+        }
+        let schema = snapshot
+            .schema_id()
+            .and_then(|id| meta.schema_by_id(id))
+            .cloned()
+            .unwrap_or_else(|| meta.current_schema().clone());
+        let data_schema = arrow_schema(&schema)?;
+        let schema_id = schema.schema_id();
+        let key_idx = self
+            .key_ids
+            .iter()
+            .map(|id| {
+                data_schema.fields().iter().position(|f| reader::field_id(f) == Some(*id)).ok_or_else(|| {
+                    Error::Key(format!("key field id {id} does not exist in the schema of snapshot {}", snapshot.snapshot_id()))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+
+        let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
+        let live: HashSet<&str> = plan.deletes_before.iter().chain(&plan.deletes_after).map(|d| d.path()).collect();
+        self.cache.retain(&live);
+        let touched = touched_files(&plan);
+
+        let mut netter = Netter::new(data_schema.clone(), key_idx, self.opts.memory_budget, &self.opts.spill_dir)?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Side, RecordBatch)>>(self.opts.concurrency * 2);
+        let file_io = self.table.file_io().clone();
+        let mut tasks = Vec::with_capacity(touched.len());
+        for f in touched {
+            let before: Vec<_> = plan.deletes_before.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+            let after: Vec<_> = plan.deletes_after.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+            let in_before = plan.data_before.contains_key(f.path());
+            let in_after = plan.data_after.contains_key(f.path());
+            let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), data_schema.clone());
+            tasks.push(async move {
+                let res = diff_file(&file_io, &cache, &f, (in_before, before), (in_after, after), schema, schema_id, &tx).await;
+                if let Err(e) = &res {
+                    let _ = tx.send(Err(Error::data(f.path(), e))).await;
+                }
+                res.map(|rows| (rows, f.file.file_size_in_bytes()))
+            });
+        }
+        let concurrency = self.opts.concurrency;
+        // Each file is its own task so decoding runs on all cores; at most `concurrency` at once.
+        let driver = tokio::spawn(async move {
+            let mut set = tokio::task::JoinSet::new();
+            let mut pending = tasks.into_iter();
+            let (mut n, mut rows, mut bytes) = (0u64, 0u64, 0u64);
+            loop {
+                while set.len() < concurrency {
+                    match pending.next() {
+                        Some(t) => {
+                            set.spawn(t);
+                        }
+                        None => break,
+                    }
+                }
+                match set.join_next().await {
+                    None => break,
+                    Some(r) => {
+                        let (r, b) = r.map_err(|e| Error::Internal(format!("reader task failed: {e}")))??;
+                        n += 1;
+                        rows += r;
+                        bytes += b;
+                    }
+                }
+            }
+            Ok::<_, Error>((n, rows, bytes))
+        });
+        drop(tx);
+        while let Some(item) = rx.recv().await {
+            let (side, batch) = item?;
+            netter.push(side, batch)?;
+        }
+        let (files_read, rows_read, bytes_read) = driver.await.map_err(|e| Error::Internal(e.to_string()))??;
+        stats.files_read = files_read;
+        stats.rows_read = rows_read;
+        stats.bytes_read = bytes_read;
+
+        let commit = CommitInfo {
+            snapshot_id: snapshot.snapshot_id(),
+            sequence_number: snapshot.sequence_number(),
+            timestamp_ms: snapshot.timestamp_ms(),
+            ordinal,
+        };
+        let out_data_schema = data_part(&self.out_schema);
+        let mut counts = [0u64; 4];
+        stats.net = netter.finish(|b| {
+            let n = b.num_columns();
+            let types = b.column(n - 1).clone();
+            let data = RecordBatch::try_new(b.schema().project(&(0..n - 1).collect::<Vec<_>>()).map(Arc::new)?, b.columns()[..n - 1].to_vec())?;
+            let projected = reader::project(&data, &out_data_schema)?;
+            let batch = change::with_metadata(&self.out_schema, projected.columns().to_vec(), types, commit)?;
+            if let Some(t) = change::change_types(&batch) {
+                for v in t.iter().flatten() {
+                    if let Some(ct) = ChangeType::parse(v) {
+                        counts[ct as usize] += 1;
+                    }
+                }
+            }
+            emit(batch)
+        })?;
+        stats.counts = counts;
+        Ok(stats)
+    }
+}
+
+/// The table columns of a change schema (everything before `_change_type`).
+fn data_part(change_schema: &SchemaRef) -> SchemaRef {
+    let n = change_schema.index_of(change::CHANGE_TYPE).unwrap_or(change_schema.fields().len());
+    Arc::new(change_schema.project(&(0..n).collect::<Vec<_>>()).expect("indices in range"))
+}
+
+/// Data files whose live rows may differ before and after the snapshot.
+fn touched_files(plan: &files::SnapshotFiles) -> Vec<Arc<FileEntry>> {
+    let mut out: HashMap<&str, Arc<FileEntry>> = HashMap::new();
+    for (p, f) in &plan.data_after {
+        if !plan.data_before.contains_key(p) {
+            out.insert(p, f.clone());
+        }
+    }
+    for (p, f) in &plan.data_before {
+        if !plan.data_after.contains_key(p) {
+            out.insert(p, f.clone());
+        }
+    }
+    if !plan.changed_deletes.is_empty() {
+        for (p, f) in &plan.data_before {
+            if plan.data_after.contains_key(p) && plan.changed_deletes.iter().any(|d| files::delete_applies(d, f)) {
+                out.insert(p, f.clone());
+            }
+        }
+    }
+    let mut v: Vec<_> = out.into_values().collect();
+    v.sort_by(|a, b| a.path().cmp(b.path()));
+    v
+}
+
+async fn load_state(file_io: &FileIO, cache: &DeleteCache, data: &FileEntry, exists: bool, deletes: &[Arc<FileEntry>], schema: &SchemaRef, schema_id: i32) -> Result<StateDeletes> {
+    let mut st = StateDeletes { exists, ..Default::default() };
+    if !exists {
+        return Ok(st);
+    }
+    for d in deletes {
+        match d.file.content_type() {
+            DataContentType::PositionDeletes if d.is_dv() => {
+                let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
+                let cached = cache.dv.lock().unwrap().get(&key).cloned();
+                let bm = match cached {
+                    Some(b) => b,
+                    None => {
+                        let b = Arc::new(reader::read_dv(file_io, d).await?);
+                        cache.dv.lock().unwrap().insert(key, b.clone());
+                        b
+                    }
+                };
+                st.positions |= bm.as_ref();
+            }
+            DataContentType::PositionDeletes => {
+                let cached = cache.pos.lock().unwrap().get(d.path()).cloned();
+                let m = match cached {
+                    Some(m) => m,
+                    None => {
+                        let m = Arc::new(reader::read_position_deletes(file_io, d.path()).await?);
+                        cache.pos.lock().unwrap().insert(d.path().to_string(), m.clone());
+                        m
+                    }
+                };
+                if let Some(bm) = m.get(data.path()) {
+                    st.positions |= bm;
+                }
+            }
+            DataContentType::EqualityDeletes => {
+                // keys are encoded with the reading schema's types
+                let key = (d.path().to_string(), schema_id);
+                let cached = cache.eq.lock().unwrap().get(&key).cloned();
+                let e = match cached {
+                    Some(e) => e,
+                    None => {
+                        let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
+                        cache.eq.lock().unwrap().insert(key, e.clone());
+                        e
+                    }
+                };
+                st.eq.push(e);
+            }
+            DataContentType::Data => {}
+        }
+    }
+    Ok(st)
+}
+
+/// Live mask of one batch starting at row `offset` of the file.
+fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<bool>> {
+    let n = batch.num_rows();
+    if !st.exists {
+        return Ok(vec![false; n]);
+    }
+    let mut live: Vec<bool> = (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect();
+    for eq in &st.eq {
+        let (conv, idx) = eq.converter(&batch.schema())?;
+        let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
+        let rows = conv.convert_columns(&cols)?;
+        for (i, r) in rows.iter().enumerate() {
+            if live[i] && eq.keys.contains(r.as_ref()) {
+                live[i] = false;
+            }
+        }
+    }
+    Ok(live)
+}
+
+/// Streams one data file and sends the rows it loses and gains. Returns rows read.
+async fn diff_file(
+    file_io: &FileIO,
+    cache: &DeleteCache,
+    f: &FileEntry,
+    before: (bool, Vec<Arc<FileEntry>>),
+    after: (bool, Vec<Arc<FileEntry>>),
+    schema: SchemaRef,
+    schema_id: i32,
+    tx: &tokio::sync::mpsc::Sender<Result<(Side, RecordBatch)>>,
+) -> Result<u64> {
+    let sb = load_state(file_io, cache, f, before.0, &before.1, &schema, schema_id).await?;
+    let sa = load_state(file_io, cache, f, after.0, &after.1, &schema, schema_id).await?;
+    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema).await?);
+    let mut offset = 0u64;
+    while let Some(batch) = stream.try_next().await? {
+        let lb = live_mask(&sb, &batch, offset)?;
+        let la = live_mask(&sa, &batch, offset)?;
+        offset += batch.num_rows() as u64;
+        for (side, mask) in [
+            (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
+            (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
+        ] {
+            if mask.iter().any(|m| *m) {
+                let out = arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?;
+                if tx.send(Ok((side, out))).await.is_err() {
+                    return Ok(offset); // receiver gone: the scan failed elsewhere
+                }
+            }
+        }
+    }
+    if offset != f.file.record_count() {
+        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
+    }
+    Ok(offset)
+}
+
+

@@ -1,0 +1,466 @@
+//! Netting one snapshot's removed and added rows into change rows, within a memory budget.
+//!
+//! Rows are sorted by (key, whole row, side). Inside one key, identical removed/added rows cancel (copy-on-write
+//! carry-over); what remains pairs up as UPDATE_BEFORE/UPDATE_AFTER, the rest is DELETE or INSERT. Tables without a
+//! key use the whole row as key, so only cancellation happens there.
+//!
+//! The buffer is sorted and spilled to Arrow IPC files on disk whenever it passes half the budget; the sorted runs
+//! are then merged, so a snapshot of any size is processed with bounded memory.
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, StringArray, UInt32Array};
+use arrow_ipc::reader::FileReader;
+use arrow_ipc::writer::FileWriter;
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::change::ChangeType;
+use crate::error::{Error, Result};
+use crate::source::reader::BATCH_SIZE;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(i8)]
+pub enum Side {
+    Removed = 0,
+    Added = 1,
+}
+
+const SIDE_COL: &str = "__cdc_side";
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NetStats {
+    pub removed_rows: u64,
+    pub added_rows: u64,
+    pub spilled_runs: u64,
+    pub spilled_bytes: u64,
+    pub peak_buffered_bytes: u64,
+}
+
+pub struct Netter {
+    data_schema: SchemaRef,
+    sided_schema: SchemaRef,
+    key_idx: Vec<usize>,
+    key_conv: RowConverter,
+    full_conv: RowConverter,
+    budget: u64,
+    spill_dir: PathBuf,
+    buffer: Vec<RecordBatch>,
+    buffered: u64,
+    runs: Vec<Run>,
+    stats: NetStats,
+}
+
+enum Run {
+    Memory(Vec<RecordBatch>),
+    Spilled(tempfile::NamedTempFile),
+}
+
+impl Netter {
+    /// `key_idx`: key column positions in `data_schema`; empty means the whole row is the key.
+    pub fn new(data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, spill_dir: &Path) -> Result<Self> {
+        let all: Vec<usize> = (0..data_schema.fields().len()).collect();
+        let key_idx = if key_idx.is_empty() { all.clone() } else { key_idx };
+        let field = |i: &usize| SortField::new(data_schema.field(*i).data_type().clone());
+        let key_conv = RowConverter::new(key_idx.iter().map(field).collect())?;
+        let full_conv = RowConverter::new(all.iter().map(field).collect())?;
+        let mut fields: Vec<Field> = data_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new(SIDE_COL, DataType::Int8, false));
+        let sided_schema = Arc::new(Schema::new(fields));
+        Ok(Netter {
+            data_schema,
+            sided_schema,
+            key_idx,
+            key_conv,
+            full_conv,
+            budget,
+            spill_dir: spill_dir.to_path_buf(),
+            buffer: Vec::new(),
+            buffered: 0,
+            runs: Vec::new(),
+            stats: NetStats::default(),
+        })
+    }
+
+    pub fn push(&mut self, side: Side, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        match side {
+            Side::Removed => self.stats.removed_rows += batch.num_rows() as u64,
+            Side::Added => self.stats.added_rows += batch.num_rows() as u64,
+        }
+        let mut cols = batch.columns().to_vec();
+        cols.push(Arc::new(Int8Array::from(vec![side as i8; batch.num_rows()])));
+        let b = RecordBatch::try_new(self.sided_schema.clone(), cols)?;
+        self.buffered += b.get_array_memory_size() as u64;
+        self.stats.peak_buffered_bytes = self.stats.peak_buffered_bytes.max(self.buffered);
+        self.buffer.push(b);
+        // Sorting needs about as much again (row encodings + the sorted copy): spill at half the budget.
+        if self.buffered > self.budget / 2 {
+            let run = self.sort_buffer()?;
+            self.spill(run)?;
+        }
+        Ok(())
+    }
+
+    fn sort_buffer(&mut self) -> Result<Vec<RecordBatch>> {
+        let batches = std::mem::take(&mut self.buffer);
+        self.buffered = 0;
+        if batches.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = arrow_select::concat::concat_batches(&self.sided_schema, &batches)?;
+        drop(batches);
+        let enc = Encoded::new(self, all)?;
+        let mut idx: Vec<u32> = (0..enc.batch.num_rows() as u32).collect();
+        idx.sort_unstable_by(|&a, &b| enc.cmp_rows(a as usize, &enc, b as usize));
+        let idx = UInt32Array::from(idx);
+        let sorted = arrow_select::take::take_record_batch(&enc.batch, &idx)?;
+        Ok((0..sorted.num_rows()).step_by(BATCH_SIZE).map(|o| sorted.slice(o, BATCH_SIZE.min(sorted.num_rows() - o))).collect())
+    }
+
+    fn spill(&mut self, run: Vec<RecordBatch>) -> Result<()> {
+        let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
+        let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
+        let mut w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema)?;
+        for b in &run {
+            w.write(b)?;
+        }
+        w.finish()?;
+        self.stats.spilled_runs += 1;
+        self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
+        self.runs.push(Run::Spilled(tmp));
+        Ok(())
+    }
+
+    /// Merges everything pushed and calls `emit` with batches of (data columns, `_change_type`) in key order.
+    pub fn finish(mut self, mut emit: impl FnMut(RecordBatch) -> Result<()>) -> Result<NetStats> {
+        let last = self.sort_buffer()?;
+        if !last.is_empty() {
+            self.runs.push(Run::Memory(last));
+        }
+        let runs = std::mem::take(&mut self.runs);
+        let mut cursors = Vec::new();
+        for run in runs {
+            let mut c = Cursor::new(run)?;
+            if c.load(&self)? {
+                cursors.push(c);
+            }
+        }
+        let out_schema = {
+            let mut f: Vec<Field> = self.data_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            f.push(Field::new(crate::change::CHANGE_TYPE, DataType::Utf8, false));
+            Arc::new(Schema::new(f))
+        };
+        let mut out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len() };
+        let mut group: Vec<(usize, usize)> = Vec::new(); // (cursor, row) of one key
+        loop {
+            // smallest head among cursors
+            let mut best: Option<usize> = None;
+            for (i, c) in cursors.iter().enumerate() {
+                if c.done() {
+                    continue;
+                }
+                best = match best {
+                    None => Some(i),
+                    Some(b) => {
+                        let (cb, cc) = (&cursors[b], c);
+                        if cc.enc().cmp_rows(cc.pos, cb.enc(), cb.pos).is_lt() { Some(i) } else { Some(b) }
+                    }
+                };
+            }
+            let Some(b) = best else { break };
+            let starts_new_key = match group.first() {
+                None => false,
+                Some(&(gc, gr)) => cursors[gc].arena_enc(gr).key.row(cursors[gc].arena_row(gr)) != cursors[b].enc().key.row(cursors[b].pos),
+            };
+            if starts_new_key {
+                net_group(&group, &cursors, &mut out);
+                group.clear();
+                // Flush at key boundaries, also when carry-over cancels most rows and old batches pile up.
+                if out.picks.len() >= BATCH_SIZE || cursors.iter().any(|c| c.arena.len() > 4) {
+                    if !out.picks.is_empty() {
+                        emit(out.flush(&cursors)?)?;
+                    }
+                    for c in cursors.iter_mut() {
+                        c.compact();
+                    }
+                }
+            }
+            let c = &mut cursors[b];
+            group.push((b, c.global_row()));
+            c.pos += 1;
+            if c.pos >= c.enc().batch.num_rows() {
+                c.load(&self)?;
+            }
+        }
+        net_group(&group, &cursors, &mut out);
+        if !out.picks.is_empty() {
+            emit(out.flush(&cursors)?)?;
+        }
+        Ok(self.stats)
+    }
+}
+
+/// A batch with its row encodings.
+struct Encoded {
+    batch: RecordBatch,
+    key: Rows,
+    full: Rows,
+    side: Int8Array,
+}
+
+impl Encoded {
+    fn new(n: &Netter, batch: RecordBatch) -> Result<Self> {
+        let ncols = n.data_schema.fields().len();
+        let key_cols: Vec<ArrayRef> = n.key_idx.iter().map(|&i| batch.column(i).clone()).collect();
+        let key = n.key_conv.convert_columns(&key_cols)?;
+        let full = n.full_conv.convert_columns(&batch.columns()[..ncols])?;
+        let side = batch.column(ncols).as_any().downcast_ref::<Int8Array>().unwrap().clone();
+        Ok(Encoded { batch, key, full, side })
+    }
+    fn cmp_rows(&self, a: usize, other: &Encoded, b: usize) -> std::cmp::Ordering {
+        self.key.row(a).cmp(&other.key.row(b))
+            .then_with(|| self.full.row(a).cmp(&other.full.row(b)))
+            .then_with(|| self.side.value(a).cmp(&other.side.value(b)))
+    }
+}
+
+/// Reads one sorted run batch by batch; keeps the batches the pending output still points into (the arena).
+struct Cursor {
+    source: Box<dyn Iterator<Item = Result<RecordBatch>>>,
+    arena: Vec<Encoded>,
+    offsets: Vec<usize>,
+    pos: usize,
+    exhausted: bool,
+}
+
+impl Cursor {
+    fn new(run: Run) -> Result<Self> {
+        let source: Box<dyn Iterator<Item = Result<RecordBatch>>> = match run {
+            Run::Memory(v) => Box::new(v.into_iter().map(Ok)),
+            Run::Spilled(tmp) => {
+                let f = File::open(tmp.path())?;
+                let r = FileReader::try_new(f, None)?;
+                // keep the temp file alive as long as the reader
+                Box::new(SpillIter { _tmp: tmp, r }.map(|b| b.map_err(Error::from)))
+            }
+        };
+        Ok(Cursor { source, arena: Vec::new(), offsets: Vec::new(), pos: 0, exhausted: false })
+    }
+    fn load(&mut self, n: &Netter) -> Result<bool> {
+        match self.source.next() {
+            Some(b) => {
+                let b = b?;
+                let start = self.offsets.last().copied().unwrap_or(0) + self.arena.last().map(|e| e.batch.num_rows()).unwrap_or(0);
+                self.offsets.push(start);
+                self.arena.push(Encoded::new(n, b)?);
+                self.pos = 0;
+                Ok(true)
+            }
+            None => {
+                self.exhausted = true;
+                Ok(false)
+            }
+        }
+    }
+    fn done(&self) -> bool {
+        self.exhausted || self.arena.is_empty()
+    }
+    fn enc(&self) -> &Encoded {
+        self.arena.last().unwrap()
+    }
+    fn global_row(&self) -> usize {
+        self.offsets.last().unwrap() + self.pos
+    }
+    fn locate(&self, g: usize) -> (usize, usize) {
+        let i = self.offsets.partition_point(|&o| o <= g) - 1;
+        (i, g - self.offsets[i])
+    }
+    fn arena_enc(&self, g: usize) -> &Encoded {
+        &self.arena[self.locate(g).0]
+    }
+    fn arena_row(&self, g: usize) -> usize {
+        self.locate(g).1
+    }
+    /// After a flush nothing points into older batches: keep only the current one.
+    fn compact(&mut self) {
+        if self.arena.len() > 1 {
+            let keep = self.arena.len() - 1;
+            self.arena.drain(..keep);
+            self.offsets.drain(..keep);
+        }
+    }
+}
+
+struct SpillIter {
+    _tmp: tempfile::NamedTempFile,
+    r: FileReader<File>,
+}
+impl Iterator for SpillIter {
+    type Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.r.next()
+    }
+}
+
+struct Output {
+    picks: Vec<(usize, usize)>, // (cursor, global row)
+    types: Vec<ChangeType>,
+    schema: SchemaRef,
+    ncols: usize,
+}
+
+impl Output {
+    fn flush(&mut self, cursors: &[Cursor]) -> Result<RecordBatch> {
+        // one source per (cursor, arena batch)
+        let mut sources: Vec<&RecordBatch> = Vec::new();
+        let mut base = Vec::new();
+        for c in cursors {
+            base.push(sources.len());
+            sources.extend(c.arena.iter().map(|e| &e.batch));
+        }
+        let idx: Vec<(usize, usize)> = self
+            .picks
+            .iter()
+            .map(|&(c, g)| {
+                let (a, r) = cursors[c].locate(g);
+                (base[c] + a, r)
+            })
+            .collect();
+        let mut cols = Vec::with_capacity(self.ncols + 1);
+        for col in 0..self.ncols {
+            let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(col).as_ref()).collect();
+            cols.push(arrow_select::interleave::interleave(&arrays, &idx)?);
+        }
+        cols.push(Arc::new(StringArray::from_iter_values(self.types.iter().map(|t| t.as_str()))) as ArrayRef);
+        self.picks.clear();
+        self.types.clear();
+        Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
+    }
+}
+
+/// Nets one key's rows (sorted by whole row, removed before added).
+fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output) {
+    if group.is_empty() {
+        return;
+    }
+    let full = |&(c, g): &(usize, usize)| cursors[c].arena_enc(g).full.row(cursors[c].arena_row(g));
+    let side = |&(c, g): &(usize, usize)| cursors[c].arena_enc(g).side.value(cursors[c].arena_row(g));
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < group.len() {
+        let mut j = i + 1;
+        while j < group.len() && full(&group[j]) == full(&group[i]) {
+            j += 1;
+        }
+        let run = &group[i..j];
+        let r = run.iter().filter(|p| side(p) == Side::Removed as i8).count();
+        let a = run.len() - r;
+        let cancel = r.min(a);
+        removed.extend_from_slice(&run[cancel..r]);
+        added.extend_from_slice(&run[r + cancel..]);
+        i = j;
+    }
+    let pairs = removed.len().min(added.len());
+    for k in 0..pairs {
+        out.picks.push(removed[k]);
+        out.types.push(ChangeType::UpdateBefore);
+        out.picks.push(added[k]);
+        out.types.push(ChangeType::UpdateAfter);
+    }
+    for p in &removed[pairs..] {
+        out.picks.push(*p);
+        out.types.push(ChangeType::Delete);
+    }
+    for p in &added[pairs..] {
+        out.picks.push(*p);
+        out.types.push(ChangeType::Insert);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true), Field::new("v", DataType::Utf8, true)]))
+    }
+    fn batch(rows: &[(i64, &str)]) -> RecordBatch {
+        RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+    fn run(key: Vec<usize>, budget: u64, removed: &[(i64, &str)], added: &[(i64, &str)]) -> (Vec<(i64, String, String)>, NetStats) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut n = Netter::new(schema(), key, budget, dir.path()).unwrap();
+        for chunk in removed.chunks(7) {
+            n.push(Side::Removed, batch(chunk)).unwrap();
+        }
+        for chunk in added.chunks(5) {
+            n.push(Side::Added, batch(chunk)).unwrap();
+        }
+        let mut rows = Vec::new();
+        let stats = n
+            .finish(|b| {
+                let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                let v = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+                let t = b.column(2).as_any().downcast_ref::<StringArray>().unwrap();
+                for i in 0..b.num_rows() {
+                    rows.push((id.value(i), v.value(i).to_string(), t.value(i).to_string()));
+                }
+                Ok(())
+            })
+            .unwrap();
+        (rows, stats)
+    }
+
+    #[test]
+    fn carry_over_cancels_and_updates_pair() {
+        let (rows, _) = run(vec![0], 1 << 30, &[(1, "a"), (2, "b"), (3, "c")], &[(1, "a"), (2, "B"), (4, "d")]);
+        assert_eq!(
+            rows,
+            vec![
+                (2, "b".into(), "UPDATE_BEFORE".into()),
+                (2, "B".into(), "UPDATE_AFTER".into()),
+                (3, "c".into(), "DELETE".into()),
+                (4, "d".into(), "INSERT".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_key_only_identical_rows_cancel() {
+        let (rows, _) = run(vec![], 1 << 30, &[(1, "a"), (1, "a"), (2, "b")], &[(1, "a"), (2, "B")]);
+        assert_eq!(
+            rows,
+            vec![(1, "a".into(), "DELETE".into()), (2, "b".into(), "DELETE".into()), (2, "B".into(), "INSERT".into())]
+        );
+    }
+
+    #[test]
+    fn spilling_gives_the_same_answer() {
+        let removed: Vec<(i64, String)> = (0..5000).map(|i| (i, format!("v{i}"))).collect();
+        let added: Vec<(i64, String)> =
+            (0..5000).filter(|i| i % 10 != 3).map(|i| (i, if i % 7 == 0 { format!("w{i}") } else { format!("v{i}") })).chain((5000..5100).map(|i| (i, format!("n{i}")))).collect();
+        let r: Vec<(i64, &str)> = removed.iter().map(|(i, s)| (*i, s.as_str())).collect();
+        let a: Vec<(i64, &str)> = added.iter().map(|(i, s)| (*i, s.as_str())).collect();
+        let (big, s1) = run(vec![0], 1 << 30, &r, &a);
+        let (small, s2) = run(vec![0], 64 * 1024, &r, &a);
+        assert_eq!(s1.spilled_runs, 0);
+        assert!(s2.spilled_runs > 3, "{s2:?}");
+        assert_eq!(big, small);
+        assert_eq!(big.iter().filter(|r| r.2 == "DELETE").count(), 500);
+        assert_eq!(big.iter().filter(|r| r.2 == "INSERT").count(), 100);
+        assert_eq!(big.iter().filter(|r| r.2 == "UPDATE_AFTER").count(), (0..5000).filter(|i| i % 7 == 0 && i % 10 != 3).count());
+        assert!(big.windows(2).all(|w| w[0].0 <= w[1].0), "ordered by key");
+    }
+}
