@@ -442,7 +442,8 @@ mod tests {
         let (rows, _) = run(vec![], 1 << 30, &[(1, "a"), (1, "a"), (2, "b")], &[(1, "a"), (2, "B")]);
         assert_eq!(
             rows,
-            vec![(1, "a".into(), "DELETE".into()), (2, "b".into(), "DELETE".into()), (2, "B".into(), "INSERT".into())]
+            // the whole row is the key: "B" sorts before "b"
+            vec![(1, "a".into(), "DELETE".into()), (2, "B".into(), "INSERT".into()), (2, "b".into(), "DELETE".into())]
         );
     }
 
