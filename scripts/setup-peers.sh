@@ -10,10 +10,10 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark" 2>/dev/null; then
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest" 2>/dev/null; then
   echo "setup-peers: installing pyspark==$PYSPARK_VERSION into $PEERS_DIR/venv" >&2
   python3 -m venv "$PEERS_DIR/venv"
-  "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "pyspark==$PYSPARK_VERSION"
+  "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "pyspark==$PYSPARK_VERSION" "pytest==8.3.5"
 fi
 
 jar="$PEERS_DIR/jars/iceberg-spark-runtime-3.5_2.12-$ICEBERG_VERSION.jar"

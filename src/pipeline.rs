@@ -61,8 +61,13 @@ pub async fn run_changes(
     let scan = ChangelogScan::new(table, &out_schema, key_ids, scan_options(cfg))?;
     let mut writer = make_writer(scan.output_schema())?;
     let mut summary = ChangesSummary { table: cfg.source.table.clone(), snapshots: snapshots.len(), ..Default::default() };
-    for (ordinal, snap) in snapshots.iter().enumerate() {
-        let st = scan.scan_snapshot(snap, ordinal as i32, &mut |b| writer.write(&b)).await?;
+    // Like Spark's changelog, ordinals count the snapshots that can carry changes: compactions get none.
+    let mut ordinal = 0i32;
+    for snap in &snapshots {
+        let st = scan.scan_snapshot(snap, ordinal, &mut |b| writer.write(&b)).await?;
+        if snap.summary().operation != iceberg::spec::Operation::Replace {
+            ordinal += 1;
+        }
         tracing::debug!(snapshot = st.snapshot_id, op = %st.operation, files = st.files_read, "snapshot scanned");
         if st.operation == "replace" {
             summary.skipped_replace += 1;
