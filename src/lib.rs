@@ -9,7 +9,7 @@ pub mod error;
 pub mod output;
 pub mod pipeline;
 pub mod quickstart;
-pub mod rowdelta;
+pub mod sink;
 pub mod source;
 
 pub use error::{Error, Result};

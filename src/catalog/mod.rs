@@ -137,7 +137,17 @@ impl Catalog {
         match self {
             Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
             Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
-            Catalog::Rest(c) => Self::create_via(c, &ns, creation).await,
+            Catalog::Rest(c) => {
+                // The REST client drops `format_version`; servers read the property.
+                let mut creation = creation;
+                let v = match creation.format_version {
+                    iceberg::spec::FormatVersion::V1 => "1",
+                    iceberg::spec::FormatVersion::V2 => "2",
+                    iceberg::spec::FormatVersion::V3 => "3",
+                };
+                creation.properties.insert("format-version".into(), v.into());
+                Self::create_via(c, &ns, creation).await
+            }
         }
     }
 

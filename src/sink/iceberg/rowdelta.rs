@@ -1,0 +1,173 @@
+//! Row-delta commits: one atomic snapshot that adds data files and delete files (equality deletes, position
+//! deletes, deletion vectors) to a table. iceberg-rust 0.10.1 only has `fast_append` (data files) and keeps its
+//! commit plumbing private, so the snapshot is built here from its public parts: manifests
+//! (`ManifestWriterBuilder`), a manifest list (`ManifestListWriter`) and `Snapshot::builder`, and handed to the
+//! catalog as `TableRequirement`s + `TableUpdate`s — the same shape a REST `CommitTableRequest` has.
+use std::collections::HashMap;
+
+use iceberg::spec::{
+    DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder,
+    Operation, Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
+};
+use iceberg::table::Table;
+use iceberg::{TableRequirement, TableUpdate};
+
+use crate::error::{Error, Result};
+
+/// Summary totals carried forward from the parent and adjusted by what this snapshot adds.
+const TOTALS: [(&str, &str); 6] = [
+    ("total-records", "added-records"),
+    ("total-files-size", "added-files-size"),
+    ("total-data-files", "added-data-files"),
+    ("total-delete-files", "added-delete-files"),
+    ("total-position-deletes", "added-position-deletes"),
+    ("total-equality-deletes", "added-equality-deletes"),
+];
+
+#[derive(Default)]
+pub struct RowDelta {
+    data: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    properties: HashMap<String, String>,
+}
+
+/// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
+pub struct PreparedCommit {
+    pub snapshot_id: i64,
+    pub requirements: Vec<TableRequirement>,
+    pub updates: Vec<TableUpdate>,
+}
+
+impl RowDelta {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn add_data_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
+        self.data.extend(files);
+        self
+    }
+    pub fn add_delete_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
+        self.deletes.extend(files);
+        self
+    }
+    /// Custom snapshot summary entries (how writers record progress).
+    pub fn set_snapshot_properties(mut self, props: HashMap<String, String>) -> Self {
+        self.properties.extend(props);
+        self
+    }
+
+    /// Writes the manifests and the manifest list, and returns the snapshot as catalog updates pinned to the
+    /// table's uuid and current main-branch head (optimistic concurrency).
+    pub async fn prepare(self, table: &Table) -> Result<PreparedCommit> {
+        let meta = table.metadata();
+        if self.data.iter().any(|f| f.content_type() != DataContentType::Data) {
+            return Err(Error::Internal("add_data_files got a delete file".into()));
+        }
+        if self.deletes.iter().any(|f| f.content_type() == DataContentType::Data) {
+            return Err(Error::Internal("add_delete_files got a data file".into()));
+        }
+        let version = meta.format_version();
+        if version == FormatVersion::V1 && !self.deletes.is_empty() {
+            return Err(Error::Schema("format v1 tables cannot hold delete files; upgrade the table to v2".into()));
+        }
+        if version == FormatVersion::V3
+            && self.deletes.iter().any(|f| f.content_type() == DataContentType::PositionDeletes && f.content_offset().is_none())
+        {
+            return Err(Error::Internal("v3 tables take deletion vectors, not position-delete files".into()));
+        }
+        let snapshot_id = new_snapshot_id(table);
+        let parent = meta.current_snapshot();
+        let seq = meta.next_sequence_number();
+        let commit_uuid = uuid::Uuid::new_v4();
+        let schema = meta.current_schema().clone();
+        let spec = meta.default_partition_spec().as_ref().clone();
+
+        let mut manifests: Vec<ManifestFile> = match parent {
+            Some(p) => table.manifest_list_reader(p).load().await?.consume_entries().into_iter().collect(),
+            None => Vec::new(),
+        };
+        let mut collector = SnapshotSummaryCollector::default();
+        for (n, (content, files)) in [(ManifestContentType::Data, &self.data), (ManifestContentType::Deletes, &self.deletes)]
+            .into_iter()
+            .enumerate()
+        {
+            if files.is_empty() {
+                continue;
+            }
+            let path = format!("{}/metadata/{commit_uuid}-m{n}.avro", meta.location());
+            let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.clone());
+            let mut w = match (version, content) {
+                (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
+                (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
+                (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
+                (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+                (FormatVersion::V1, _) => builder.build_v1(),
+            };
+            for f in files {
+                collector.add_file(f, schema.clone(), meta.default_partition_spec().clone());
+                w.add_file(f.clone(), seq)?;
+            }
+            // New manifests first: readers find this snapshot's files without scanning old ones.
+            manifests.insert(0, w.write_manifest_file().await?);
+        }
+
+        let list_path = format!("{}/metadata/snap-{snapshot_id}-0-{commit_uuid}.avro", meta.location());
+        let out = table.file_io().new_output(&list_path)?.writer().await?;
+        let parent_id = parent.map(|p| p.snapshot_id());
+        let first_row_id = meta.next_row_id();
+        let mut list = match version {
+            FormatVersion::V1 => ManifestListWriter::v1(out, snapshot_id, parent_id),
+            FormatVersion::V2 => ManifestListWriter::v2(out, snapshot_id, parent_id, seq),
+            FormatVersion::V3 => ManifestListWriter::v3(out, snapshot_id, parent_id, seq, Some(first_row_id)),
+        };
+        list.add_manifests(manifests.into_iter())?;
+        let next_row_id = list.next_row_id();
+        list.close().await?;
+
+        let mut props = collector.build();
+        let prev = parent.map(|p| p.summary().additional_properties.clone()).unwrap_or_default();
+        for (total, added) in TOTALS {
+            let p = prev.get(total).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let a = props.get(added).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            props.insert(total.to_string(), (p + a).to_string());
+        }
+        props.extend(self.properties);
+        let operation = if self.deletes.is_empty() { Operation::Append } else { Operation::Overwrite };
+        let builder = Snapshot::builder()
+            .with_manifest_list(list_path)
+            .with_snapshot_id(snapshot_id)
+            .with_parent_snapshot_id(parent_id)
+            .with_sequence_number(seq)
+            .with_summary(Summary { operation, additional_properties: props })
+            .with_schema_id(meta.current_schema_id())
+            .with_timestamp_ms(chrono::Utc::now().timestamp_millis().max(meta.last_updated_ms() + 1));
+        let snapshot = match next_row_id {
+            Some(next) => builder.with_row_range(first_row_id, next - first_row_id).build(),
+            None => builder.build(),
+        };
+        Ok(PreparedCommit {
+            snapshot_id,
+            requirements: vec![
+                TableRequirement::UuidMatch { uuid: meta.uuid() },
+                TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: parent_id },
+            ],
+            updates: vec![
+                TableUpdate::AddSnapshot { snapshot },
+                TableUpdate::SetSnapshotRef {
+                    ref_name: MAIN_BRANCH.to_string(),
+                    reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+                },
+            ],
+        })
+    }
+}
+
+fn new_snapshot_id(table: &Table) -> i64 {
+    loop {
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        let id = ((a ^ b) & (i64::MAX as u64)) as i64;
+        if id != 0 && table.metadata().snapshot_by_id(id).is_none() {
+            return id;
+        }
+    }
+}
