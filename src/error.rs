@@ -46,6 +46,12 @@ pub enum Error {
     #[error("cannot read {path}: {message}")]
     Data { path: String, message: String },
 
+    #[error("file {path} is missing; it was deleted outside of Iceberg, or by snapshot expiration")]
+    MissingFile { path: String },
+
+    #[error("the changes of snapshot {snapshot} in `{table}` cannot be computed: its parent {parent} was expired and file {path}, which the snapshot removed or still needs, was deleted with it; start the range at or after this snapshot (--from-snapshot {snapshot})")]
+    ExpiredParent { table: String, snapshot: i64, parent: i64, path: String },
+
     #[error("I/O error on {path}: {message}")]
     Io { path: String, message: String, retryable: bool },
 
@@ -76,7 +82,8 @@ impl Error {
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,
             Error::Key(_) | Error::Schema(_) => exit::SCHEMA,
-            Error::Data { .. } => exit::DATA,
+            Error::Data { .. } | Error::MissingFile { .. } => exit::DATA,
+            Error::ExpiredParent { .. } => exit::EXPIRED,
             Error::Io { .. } => exit::IO,
             Error::Iceberg(e) => match e.kind() {
                 iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound => exit::NOT_FOUND,

@@ -168,10 +168,14 @@ impl<'a> ChangelogScan<'a> {
             let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), data_schema.clone());
             tasks.push(async move {
                 let res = diff_file(&file_io, &cache, &f, (in_before, before), (in_after, after), schema, schema_id, &tx).await;
-                if let Err(e) = &res {
-                    let _ = tx.send(Err(Error::data(f.path(), e))).await;
+                match res {
+                    Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
+                    Err(e) => {
+                        // the receiver reports the first error; the driver only needs to stop
+                        let _ = tx.send(Err(e)).await;
+                        Err(Error::Internal(format!("reading {} failed", f.path())))
+                    }
                 }
-                res.map(|rows| (rows, f.file.file_size_in_bytes()))
             });
         }
         let concurrency = self.opts.concurrency;
@@ -202,11 +206,22 @@ impl<'a> ChangelogScan<'a> {
             Ok::<_, Error>((n, rows, bytes))
         });
         drop(tx);
+        let mut failed = None;
         while let Some(item) = rx.recv().await {
-            let (side, batch) = item?;
-            netter.push(side, batch)?;
+            match item {
+                Ok((side, batch)) => netter.push(side, batch)?,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
         }
-        let (files_read, rows_read, bytes_read) = driver.await.map_err(|e| Error::Internal(e.to_string()))??;
+        drop(rx);
+        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(self.explain(snapshot, e));
+        }
+        let (files_read, rows_read, bytes_read) = driven?;
         stats.files_read = files_read;
         stats.rows_read = rows_read;
         stats.bytes_read = bytes_read;
@@ -236,6 +251,21 @@ impl<'a> ChangelogScan<'a> {
         })?;
         stats.counts = counts;
         Ok(stats)
+    }
+}
+
+impl ChangelogScan<'_> {
+    /// A missing file under a snapshot whose parent was expired is an expiry problem, not corruption.
+    fn explain(&self, snapshot: &SnapshotRef, e: Error) -> Error {
+        match (e, snapshot.parent_snapshot_id()) {
+            (Error::MissingFile { path }, Some(parent)) if self.table.metadata().snapshot_by_id(parent).is_none() => Error::ExpiredParent {
+                table: self.table.identifier().to_string(),
+                snapshot: snapshot.snapshot_id(),
+                parent,
+                path,
+            },
+            (e, _) => e,
+        }
     }
 }
 

@@ -32,7 +32,13 @@ pub fn field_id(f: &Field) -> Option<i32> {
 async fn open(file_io: &FileIO, path: &str) -> Result<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
-    let meta = input.metadata().await.map_err(|e| err(&e))?;
+    let meta = input.metadata().await.map_err(|e| {
+        if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
+            Error::MissingFile { path: path.to_string() }
+        } else {
+            err(&e)
+        }
+    })?;
     let reader = input.reader().await.map_err(|e| err(&e))?;
     ParquetRecordBatchStreamBuilder::new(ArrowFileReader::new(meta, reader))
         .await
