@@ -94,3 +94,8 @@ pub fn with_metadata(schema: &SchemaRef, data_cols: Vec<ArrayRef>, change_types:
 pub fn change_types(batch: &RecordBatch) -> Option<&StringArray> {
     batch.column_by_name(CHANGE_TYPE)?.as_any().downcast_ref::<StringArray>()
 }
+
+/// Where change rows go, batch by batch, in order.
+pub trait ChangeSink: Send {
+    fn write(&mut self, batch: RecordBatch) -> impl std::future::Future<Output = Result<()>> + Send;
+}

@@ -28,6 +28,9 @@ pub enum Error {
     #[error("catalog error ({catalog}): {message}")]
     Catalog { catalog: String, message: String, retryable: bool },
 
+    #[error("commit to `{table}` conflicted with another writer: {message}")]
+    Conflict { table: String, message: String },
+
     #[error("table `{table}` not found in catalog `{catalog}`; check `table` (namespace.table) and the catalog settings")]
     TableNotFound { catalog: String, table: String },
 
@@ -69,6 +72,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Catalog { retryable, .. } | Error::Io { retryable, .. } => *retryable,
+            Error::Conflict { .. } => true,
             Error::Iceberg(e) => e.retryable(),
             _ => false,
         }
@@ -77,7 +81,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
-            Error::Catalog { .. } => exit::CATALOG,
+            Error::Catalog { .. } | Error::Conflict { .. } => exit::CATALOG,
             Error::TableNotFound { .. } => exit::NOT_FOUND,
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,

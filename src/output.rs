@@ -20,7 +20,7 @@ pub enum Format {
     Parquet,
 }
 
-pub trait ChangeWriter {
+pub trait ChangeWriter: Send {
     fn write(&mut self, batch: &RecordBatch) -> Result<()>;
     fn finish(self: Box<Self>) -> Result<()>;
 }
@@ -63,13 +63,22 @@ impl Target {
     }
 }
 
+/// A synchronous writer as a [`crate::change::ChangeSink`].
+pub struct WriterSink<'a>(pub &'a mut dyn ChangeWriter);
+
+impl crate::change::ChangeSink for WriterSink<'_> {
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.0.write(&batch)
+    }
+}
+
 pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Box<dyn ChangeWriter>> {
     let target = Target::open(path)?;
     Ok(match format {
         Format::Jsonl => Box::new(JsonLines { target, line: String::new() }),
         Format::Parquet => {
             let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap())).build();
-            Box::new(ParquetOut { writer: Some(ArrowWriter::try_new(SharedTarget(std::rc::Rc::new(std::cell::RefCell::new(target))), schema, Some(props))?) })
+            Box::new(ParquetOut { writer: Some(ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema, Some(props))?) })
         }
     })
 }
@@ -104,17 +113,15 @@ impl ChangeWriter for JsonLines {
 }
 
 /// ArrowWriter owns its sink; share the target so it can be committed after the footer is written.
-struct SharedTarget(std::rc::Rc<std::cell::RefCell<Target>>);
+struct SharedTarget(std::sync::Arc<std::sync::Mutex<Target>>);
 impl Write for SharedTarget {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.borrow_mut().writer().write(buf)
+        self.0.lock().expect("not poisoned").writer().write(buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.borrow_mut().writer().flush()
+        self.0.lock().expect("not poisoned").writer().flush()
     }
 }
-// The writer is used from one thread only; ArrowWriter needs Send for its sink.
-unsafe impl Send for SharedTarget {}
 
 struct ParquetOut {
     writer: Option<ArrowWriter<SharedTarget>>,
@@ -128,7 +135,10 @@ impl ChangeWriter for ParquetOut {
     fn finish(mut self: Box<Self>) -> Result<()> {
         let w = self.writer.take().expect("not finished");
         let shared = w.into_inner()?;
-        let target = std::rc::Rc::try_unwrap(shared.0).map_err(|_| Error::Internal("parquet sink still shared".into()))?.into_inner();
+        let target = std::sync::Arc::try_unwrap(shared.0)
+            .map_err(|_| Error::Internal("parquet sink still shared".into()))?
+            .into_inner()
+            .map_err(|_| Error::Internal("parquet sink poisoned".into()))?;
         target.commit()
     }
 }

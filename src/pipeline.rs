@@ -8,7 +8,7 @@ use crate::catalog::Catalog;
 use crate::change::ChangeType;
 use crate::config::Config;
 use crate::error::Result;
-use crate::output::ChangeWriter;
+use crate::output::{ChangeWriter, WriterSink};
 use crate::source::changelog::{self, ChangelogScan, ScanOptions, SnapshotStats};
 use crate::source::lineage::{self, Bound};
 
@@ -64,7 +64,7 @@ pub async fn run_changes(
     // Like Spark's changelog, ordinals count the snapshots that can carry changes: compactions get none.
     let mut ordinal = 0i32;
     for snap in &snapshots {
-        let st = scan.scan_snapshot(snap, ordinal, &mut |b| writer.write(&b)).await?;
+        let st = scan.scan_snapshot(snap, ordinal, &mut WriterSink(writer.as_mut())).await?;
         if snap.summary().operation != iceberg::spec::Operation::Replace {
             ordinal += 1;
         }

@@ -103,7 +103,7 @@ impl HadoopCatalog {
         let _ = std::fs::remove_file(&tmp);
         if let Err(e) = linked {
             return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
-                Error::catalog("hadoop", format!("commit conflict: version {version} was written by another writer"), true)
+                Error::Conflict { table: meta_dir.display().to_string(), message: format!("version {version} was written by another writer") }
             } else {
                 Error::Io { path: target.display().to_string(), message: e.to_string(), retryable: false }
             });

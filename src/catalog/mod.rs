@@ -5,6 +5,7 @@
 //! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
 //! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
 mod hadoop;
+pub mod rest;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -30,7 +31,7 @@ const SQL_NAME_PROP: &str = "name";
 pub enum Catalog {
     Hadoop(HadoopCatalog),
     Sql { inner: SqlCatalog, pool: sqlx::SqlitePool, name: String },
-    Rest(RestCatalog),
+    Rest(RestCatalog, rest::RestCommitter),
 }
 
 fn local_file_io() -> FileIO {
@@ -83,10 +84,11 @@ impl Catalog {
                 let cat = RestCatalogBuilder::default()
                     .with_client(client)
                     .with_storage_factory(Arc::new(LocalFsStorageFactory))
-                    .load(label.to_string(), props)
+                    .load(label.to_string(), props.clone())
                     .await
                     .map_err(|e| Error::catalog(label, format!("REST catalog {uri}: {e}"), e.retryable()))?;
-                Ok(Catalog::Rest(cat))
+                let committer = rest::RestCommitter::connect(&props).await?;
+                Ok(Catalog::Rest(cat, committer))
             }
         }
     }
@@ -102,7 +104,7 @@ impl Catalog {
         let res = match self {
             Catalog::Hadoop(h) => return h.load_table(&ident).await,
             Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
-            Catalog::Rest(c) => c.load_table(&ident).await,
+            Catalog::Rest(c, _) => c.load_table(&ident).await,
         };
         res.map_err(|e| self.map_load_error(name, e))
     }
@@ -111,7 +113,7 @@ impl Catalog {
         match self {
             Catalog::Hadoop(_) => "hadoop",
             Catalog::Sql { .. } => "sql",
-            Catalog::Rest(_) => "rest",
+            Catalog::Rest(..) => "rest",
         }
     }
 
@@ -137,7 +139,7 @@ impl Catalog {
         match self {
             Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
             Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
-            Catalog::Rest(c) => {
+            Catalog::Rest(c, _) => {
                 // The REST client drops `format_version`; servers read the property.
                 let mut creation = creation;
                 let v = match creation.format_version {
@@ -183,13 +185,35 @@ impl Catalog {
                 .await
                 .map_err(|e| Error::catalog("sql", e, true))?;
                 if res.rows_affected() == 0 {
-                    return Err(Error::catalog("sql", format!("commit conflict on {ident}: the table changed since it was loaded"), true));
+                    return Err(Error::Conflict { table: ident.to_string(), message: "the table changed since it was loaded".into() });
                 }
-                self.load_table(&format!("{}.{}", ident.namespace().join("."), ident.name())).await
+                self.load_table(&table_name(ident)).await
             }
-            Catalog::Rest(_) => Err(Error::catalog("rest", "row-delta commits through REST are not implemented yet", false)),
+            Catalog::Rest(_, committer) => {
+                let ident = table.identifier();
+                let new_snapshot = updates.iter().find_map(|u| match u {
+                    TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
+                    _ => None,
+                });
+                match committer.commit(ident, &requirements, &updates).await? {
+                    rest::CommitOutcome::Committed => self.load_table(&table_name(ident)).await,
+                    rest::CommitOutcome::Conflict(m) => Err(Error::Conflict { table: ident.to_string(), message: m }),
+                    rest::CommitOutcome::Unknown(m) => {
+                        // The server may have applied it: the reloaded table tells.
+                        let t = self.load_table(&table_name(ident)).await?;
+                        match new_snapshot {
+                            Some(id) if t.metadata().snapshot_by_id(id).is_some() => Ok(t),
+                            _ => Err(Error::catalog("rest", format!("commit state unknown and not applied: {m}"), true)),
+                        }
+                    }
+                }
+            }
         }
     }
+}
+
+fn table_name(ident: &TableIdent) -> String {
+    format!("{}.{}", ident.namespace().join("."), ident.name())
 }
 
 /// Checks the requirements against `meta` and applies the updates, as a catalog server would.
@@ -200,7 +224,7 @@ pub fn apply_updates(
     updates: Vec<TableUpdate>,
 ) -> Result<TableMetadata> {
     for r in requirements {
-        r.check(Some(meta)).map_err(|e| Error::catalog("commit", format!("requirement failed: {e}"), true))?;
+        r.check(Some(meta)).map_err(|e| Error::Conflict { table: meta.location().to_string(), message: e.to_string() })?;
     }
     let mut builder = meta.clone().into_builder(Some(current_location.to_string()));
     for u in updates {

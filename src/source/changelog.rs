@@ -18,7 +18,7 @@ use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotR
 use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
-use crate::change::{self, ChangeType, CommitInfo};
+use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
 use crate::source::files::{self, FileEntry};
 use crate::source::net::{NetStats, Netter, Side};
@@ -123,7 +123,7 @@ impl<'a> ChangelogScan<'a> {
     }
 
     /// Emits the change rows of one snapshot, in key order.
-    pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, emit: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<SnapshotStats> {
+    pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let mut stats = SnapshotStats {
             snapshot_id: snapshot.snapshot_id(),
@@ -234,7 +234,8 @@ impl<'a> ChangelogScan<'a> {
         };
         let out_data_schema = data_part(&self.out_schema);
         let mut counts = [0u64; 4];
-        stats.net = netter.finish(|b| {
+        let mut merge = netter.finish()?;
+        while let Some(b) = merge.next_batch()? {
             let n = b.num_columns();
             let types = b.column(n - 1).clone();
             let data = RecordBatch::try_new(b.schema().project(&(0..n - 1).collect::<Vec<_>>()).map(Arc::new)?, b.columns()[..n - 1].to_vec())?;
@@ -247,8 +248,9 @@ impl<'a> ChangelogScan<'a> {
                     }
                 }
             }
-            emit(batch)
-        })?;
+            sink.write(batch).await?;
+        }
+        stats.net = merge.stats();
         stats.counts = counts;
         Ok(stats)
     }

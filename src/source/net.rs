@@ -135,8 +135,8 @@ impl Netter {
         Ok(())
     }
 
-    /// Merges everything pushed and calls `emit` with batches of (data columns, `_change_type`) in key order.
-    pub fn finish(mut self, mut emit: impl FnMut(RecordBatch) -> Result<()>) -> Result<NetStats> {
+    /// Sorts what is still buffered and starts merging all runs; the merge yields the net change rows.
+    pub fn finish(mut self) -> Result<Merge> {
         let last = self.sort_buffer()?;
         if !last.is_empty() {
             self.runs.push(Run::Memory(last));
@@ -154,8 +154,31 @@ impl Netter {
             f.push(Field::new(crate::change::CHANGE_TYPE, DataType::Utf8, false));
             Arc::new(Schema::new(f))
         };
-        let mut out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len() };
-        let mut group: Vec<(usize, usize)> = Vec::new(); // (cursor, row) of one key
+        let out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len() };
+        Ok(Merge { netter: self, cursors, out, group: Vec::new(), done: false })
+    }
+}
+
+/// Merges the sorted runs and yields batches of (data columns, `_change_type`) in key order.
+pub struct Merge {
+    netter: Netter,
+    cursors: Vec<Cursor>,
+    out: Output,
+    group: Vec<(usize, usize)>, // (cursor, row) of the current key
+    done: bool,
+}
+
+impl Merge {
+    pub fn stats(&self) -> NetStats {
+        self.netter.stats
+    }
+
+    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        if self.done {
+            return Ok(None);
+        }
+        let cursors = &mut self.cursors;
+        let (out, group) = (&mut self.out, &mut self.group);
         loop {
             // smallest head among cursors
             let mut best: Option<usize> = None;
@@ -176,13 +199,14 @@ impl Netter {
                 None => false,
                 Some(&(gc, gr)) => cursors[gc].arena_enc(gr).key.row(cursors[gc].arena_row(gr)) != cursors[b].enc().key.row(cursors[b].pos),
             };
+            let mut ready = None;
             if starts_new_key {
-                net_group(&group, &cursors, &mut out);
+                net_group(group, cursors, out);
                 group.clear();
                 // Flush at key boundaries, also when carry-over cancels most rows and old batches pile up.
                 if out.picks.len() >= BATCH_SIZE || cursors.iter().any(|c| c.arena.len() > 4) {
                     if !out.picks.is_empty() {
-                        emit(out.flush(&cursors)?)?;
+                        ready = Some(out.flush(cursors)?);
                     }
                     for c in cursors.iter_mut() {
                         c.compact();
@@ -193,14 +217,16 @@ impl Netter {
             group.push((b, c.global_row()));
             c.pos += 1;
             if c.pos >= c.enc().batch.num_rows() {
-                c.load(&self)?;
+                c.load(&self.netter)?;
+            }
+            if ready.is_some() {
+                return Ok(ready);
             }
         }
-        net_group(&group, &cursors, &mut out);
-        if !out.picks.is_empty() {
-            emit(out.flush(&cursors)?)?;
-        }
-        Ok(self.stats)
+        net_group(group, cursors, out);
+        group.clear();
+        self.done = true;
+        if out.picks.is_empty() { Ok(None) } else { Ok(Some(out.flush(cursors)?)) }
     }
 }
 
@@ -409,18 +435,16 @@ mod tests {
             n.push(Side::Added, batch(chunk)).unwrap();
         }
         let mut rows = Vec::new();
-        let stats = n
-            .finish(|b| {
-                let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-                let v = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
-                let t = b.column(2).as_any().downcast_ref::<StringArray>().unwrap();
-                for i in 0..b.num_rows() {
-                    rows.push((id.value(i), v.value(i).to_string(), t.value(i).to_string()));
-                }
-                Ok(())
-            })
-            .unwrap();
-        (rows, stats)
+        let mut merge = n.finish().unwrap();
+        while let Some(b) = merge.next_batch().unwrap() {
+            let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let v = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            let t = b.column(2).as_any().downcast_ref::<StringArray>().unwrap();
+            for i in 0..b.num_rows() {
+                rows.push((id.value(i), v.value(i).to_string(), t.value(i).to_string()));
+            }
+        }
+        (rows, merge.stats())
     }
 
     #[test]

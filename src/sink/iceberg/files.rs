@@ -1,67 +1,205 @@
-//! Data files and equality-delete files of an (unpartitioned) table, written with iceberg-rust's writers.
+//! Partition-aware Parquet writers for a target table's data files and equality-delete files, built on
+//! iceberg-rust's `ParquetWriter` (which computes the column metrics). Unlike iceberg-rust's rolling writers these
+//! report where every row landed (file, position), which the applier needs to delete a row it wrote earlier in the
+//! same commit by position.
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use iceberg::arrow::arrow_schema_to_schema;
-use iceberg::spec::{DataFile, DataFileFormat};
+use iceberg::arrow::RecordBatchPartitionSplitter;
+use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, SchemaRef, Struct};
 use iceberg::table::Table;
-use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
-use iceberg::writer::base_writer::equality_delete_writer::{EqualityDeleteFileWriterBuilder, EqualityDeleteWriterConfig};
-use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
-use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
+use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter, ParquetWriterBuilder};
+use iceberg::writer::CurrentFileStatus;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
 
-fn unpartitioned(table: &Table) -> Result<()> {
-    if table.metadata().default_partition_spec().is_unpartitioned() {
-        Ok(())
-    } else {
-        Err(Error::Internal("partitioned targets are not supported by this writer yet".into()))
-    }
+pub const DEFAULT_TARGET_FILE_SIZE: usize = 512 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    Data,
+    EqualityDeletes(Vec<i32>),
 }
 
-fn names(prefix: &str) -> DefaultFileNameGenerator {
-    DefaultFileNameGenerator::new(format!("{prefix}-{}", uuid::Uuid::new_v4()), None, DataFileFormat::Parquet)
+struct Open {
+    writer: ParquetWriter,
+    path: Arc<str>,
+    key: Option<PartitionKey>,
+}
+
+/// Where a written row ended up.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub path: Arc<str>,
+    pub first_pos: u64,
+    pub rows: usize,
+    pub batch: RecordBatch,
+}
+
+pub struct PartitionedWriter {
+    content: Content,
+    /// Schema of the rows handed to `write` (the table schema).
+    table_schema: SchemaRef,
+    /// Schema of the files (the equality columns for deletes).
+    file_schema: SchemaRef,
+    spec: PartitionSpecRef,
+    splitter: Option<RecordBatchPartitionSplitter>,
+    file_io: iceberg::io::FileIO,
+    locations: DefaultLocationGenerator,
+    builder: ParquetWriterBuilder,
+    target_size: usize,
+    prefix: String,
+    counter: u64,
+    open: HashMap<Option<Struct>, Open>,
+    done: Vec<DataFile>,
+    projection: Option<Vec<usize>>,
+}
+
+impl PartitionedWriter {
+    pub fn new(table: &Table, content: Content, target_size: usize) -> Result<Self> {
+        let meta = table.metadata();
+        let table_schema = meta.current_schema().clone();
+        let spec = meta.default_partition_spec().clone();
+        let (file_schema, projection) = match &content {
+            Content::Data => (table_schema.clone(), None),
+            Content::EqualityDeletes(ids) => {
+                let fields: Vec<_> = ids
+                    .iter()
+                    .map(|id| table_schema.field_by_id(*id).cloned().ok_or_else(|| Error::Schema(format!("equality field id {id} not in target schema"))))
+                    .collect::<Result<_>>()?;
+                let arrow = iceberg::arrow::schema_to_arrow_schema(&table_schema)?;
+                let idx = ids
+                    .iter()
+                    .map(|id| arrow.fields().iter().position(|f| crate::source::reader::field_id(f) == Some(*id)).unwrap_or(usize::MAX))
+                    .collect::<Vec<_>>();
+                let s = iceberg::spec::Schema::builder().with_fields(fields).build()?;
+                (Arc::new(s), Some(idx))
+            }
+        };
+        let splitter = if spec.is_unpartitioned() {
+            None
+        } else {
+            Some(RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec.clone())?)
+        };
+        let props = WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
+            .build();
+        Ok(PartitionedWriter {
+            builder: ParquetWriterBuilder::new(props, file_schema.clone()),
+            content,
+            table_schema,
+            file_schema,
+            spec,
+            splitter,
+            file_io: table.file_io().clone(),
+            locations: DefaultLocationGenerator::new(meta)?,
+            target_size,
+            prefix: format!("cdc-{}", uuid::Uuid::new_v4()),
+            counter: 0,
+            open: HashMap::new(),
+            done: Vec::new(),
+            projection,
+        })
+    }
+
+    /// Writes rows of the table schema; returns where each partition's slice went.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<Vec<Placement>> {
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let parts: Vec<(Option<PartitionKey>, RecordBatch)> = match &self.splitter {
+            None => vec![(None, batch.clone())],
+            Some(s) => s.split(batch)?.into_iter().map(|(k, b)| (Some(k), b)).collect(),
+        };
+        let mut out = Vec::with_capacity(parts.len());
+        for (key, part) in parts {
+            let slot = key.as_ref().map(|k| k.data().clone());
+            if !self.open.contains_key(&slot) {
+                let o = self.open_file(key.clone()).await?;
+                self.open.insert(slot.clone(), o);
+            }
+            let o = self.open.get_mut(&slot).expect("just inserted");
+            let file_batch = match &self.projection {
+                None => part.clone(),
+                Some(idx) => {
+                    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&self.file_schema)?);
+                    RecordBatch::try_new(arrow, idx.iter().map(|&i| part.column(i).clone()).collect())?
+                }
+            };
+            let first_pos = o.writer.current_row_num() as u64;
+            o.writer.write(&file_batch).await?;
+            out.push(Placement { path: o.path.clone(), first_pos, rows: part.num_rows(), batch: part });
+            if o.writer.current_written_size() >= self.target_size {
+                let o = self.open.remove(&slot).expect("present");
+                self.close_file(o).await?;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn open_file(&mut self, key: Option<PartitionKey>) -> Result<Open> {
+        self.counter += 1;
+        let kind = match self.content {
+            Content::Data => "data",
+            Content::EqualityDeletes(_) => "eq-deletes",
+        };
+        let name = format!("{}-{kind}-{:05}.parquet", self.prefix, self.counter);
+        let path = self.locations.generate_location(key.as_ref(), &name);
+        let writer = self.builder.build(self.file_io.new_output(&path)?).await?;
+        Ok(Open { writer, path: path.into(), key })
+    }
+
+    async fn close_file(&mut self, o: Open) -> Result<()> {
+        for mut b in o.writer.close().await? {
+            match &self.content {
+                Content::Data => {
+                    b.content(DataContentType::Data);
+                }
+                Content::EqualityDeletes(ids) => {
+                    b.content(DataContentType::EqualityDeletes);
+                    b.equality_ids(Some(ids.clone()));
+                }
+            }
+            b.partition_spec_id(self.spec.spec_id());
+            if let Some(k) = &o.key {
+                b.partition(k.data().clone());
+            }
+            self.done.push(b.build().map_err(|e| Error::Internal(format!("data file: {e}")))?);
+        }
+        Ok(())
+    }
+
+    /// Closes every open file; returns all files written.
+    pub async fn finish(mut self) -> Result<Vec<DataFile>> {
+        let open: Vec<Open> = self.open.drain().map(|(_, o)| o).collect();
+        for o in open {
+            self.close_file(o).await?;
+        }
+        Ok(self.done)
+    }
+
+    pub fn table_schema(&self) -> &SchemaRef {
+        &self.table_schema
+    }
 }
 
 /// Writes `batches` (in the table's current schema) as data files.
 pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    unpartitioned(table)?;
-    let schema = table.metadata().current_schema().clone();
-    let pw = ParquetWriterBuilder::new(WriterProperties::builder().build(), schema);
-    let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-        pw,
-        table.file_io().clone(),
-        DefaultLocationGenerator::new(table.metadata())?,
-        names("data"),
-    );
-    let mut w = DataFileWriterBuilder::new(rolling).build(None).await?;
+    let mut w = PartitionedWriter::new(table, Content::Data, DEFAULT_TARGET_FILE_SIZE)?;
     for b in batches {
-        w.write(b.clone()).await?;
+        w.write(b).await?;
     }
-    Ok(w.close().await?)
+    w.finish().await
 }
 
-/// Writes equality deletes on `equality_ids` from `batches` (full rows in the current schema; other columns are
-/// projected away).
+/// Writes equality deletes on `equality_ids` from `batches` (full rows in the current schema).
 pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    unpartitioned(table)?;
-    let schema = table.metadata().current_schema().clone();
-    let config = EqualityDeleteWriterConfig::new(equality_ids, schema)?;
-    let delete_schema = arrow_schema_to_schema(config.projected_arrow_schema_ref())?;
-    let pw = ParquetWriterBuilder::new(WriterProperties::builder().build(), Arc::new(delete_schema));
-    let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-        pw,
-        table.file_io().clone(),
-        DefaultLocationGenerator::new(table.metadata())?,
-        names("eq-deletes"),
-    );
-    let mut w = EqualityDeleteFileWriterBuilder::new(rolling, config).build(None).await?;
+    let mut w = PartitionedWriter::new(table, Content::EqualityDeletes(equality_ids), DEFAULT_TARGET_FILE_SIZE)?;
     for b in batches {
-        w.write(b.clone()).await?;
+        w.write(b).await?;
     }
-    Ok(w.close().await?)
+    w.finish().await
 }
