@@ -13,8 +13,58 @@ pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub source: SourceConfig,
+    /// Where `cdc sync` writes; not needed by `cdc changes`.
+    pub target: Option<TargetConfig>,
     #[serde(default)]
     pub engine: EngineConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteMode {
+    #[default]
+    MergeOnRead,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub table: String,
+    #[serde(default)]
+    pub mode: WriteMode,
+    /// Columns the equality deletes match on; default: the source's key columns.
+    pub equality_columns: Option<Vec<String>>,
+    /// Format version of a table the applier creates: 2 (position deletes) or 3 (deletion vectors).
+    #[serde(default = "default_format_version")]
+    pub format_version: u8,
+    /// Source snapshots one target commit may cover (their changes are netted per key).
+    #[serde(default = "default_one")]
+    pub snapshots_per_commit: usize,
+    /// Attempts for a commit that conflicts or fails transiently.
+    #[serde(default = "default_retries")]
+    pub commit_retries: u32,
+    /// First retry delay; doubles per attempt, with jitter.
+    #[serde(default = "default_backoff", with = "humantime_serde")]
+    pub retry_backoff: std::time::Duration,
+    #[serde(default = "default_file_size", deserialize_with = "de_bytes")]
+    pub target_file_size: u64,
+    pub catalog: CatalogConfig,
+}
+
+fn default_format_version() -> u8 {
+    2
+}
+fn default_one() -> usize {
+    1
+}
+fn default_retries() -> u32 {
+    5
+}
+fn default_backoff() -> std::time::Duration {
+    std::time::Duration::from_millis(200)
+}
+fn default_file_size() -> u64 {
+    512 * 1024 * 1024
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,6 +217,29 @@ impl Config {
                 }
             }
         }
+        if let Some(t) = &self.target {
+            validate_table_name("target.table", &t.table, &mut p);
+            t.catalog.validate("target.catalog", &mut p);
+            if !(2..=3).contains(&t.format_version) {
+                p.push(format!("target.format_version: {} — must be 2 or 3", t.format_version));
+            }
+            if t.snapshots_per_commit == 0 {
+                p.push("target.snapshots_per_commit: must be at least 1".into());
+            }
+            if t.equality_columns.as_ref().is_some_and(|c| c.is_empty()) {
+                p.push("target.equality_columns: must not be empty (omit it to use the source's key columns)".into());
+            }
+            if t.target_file_size < 1024 * 1024 {
+                p.push("target.target_file_size: below the 1MiB minimum".into());
+            }
+            if t.catalog.kind == self.source.catalog.kind
+                && t.catalog.warehouse == self.source.catalog.warehouse
+                && t.catalog.props == self.source.catalog.props
+                && t.table == self.source.table
+            {
+                p.push("target.table: the target is the source table itself".into());
+            }
+        }
         if self.engine.memory_budget < 1024 * 1024 {
             p.push(format!("engine.memory_budget: {} bytes is below the 1MiB minimum", self.engine.memory_budget));
         }
@@ -263,6 +336,18 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.source.catalog.props.get("header.X-Y").unwrap(), "z");
         assert_eq!(cfg.engine.memory_budget, DEFAULT_MEMORY_BUDGET);
+    }
+
+    #[test]
+    fn target_section() {
+        let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
+        let cfg = Config::parse(&format!("{base}[target]\ntable='r.t'\nretry_backoff='1s'\n[target.catalog]\ntype='sql'\nwarehouse='/x'\n")).unwrap();
+        let t = cfg.target.unwrap();
+        assert_eq!((t.format_version, t.snapshots_per_commit, t.retry_backoff), (2, 1, std::time::Duration::from_secs(1)));
+        let err = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\nmode='copy-on-write'\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err();
+        assert!(err.to_string().contains("mode"), "{err}");
+        let Error::Config(p) = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err() else { panic!() };
+        assert_eq!(p.len(), 3, "{p:?}");
     }
 
     #[test]

@@ -40,6 +40,16 @@ enum Cmd {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Replicate the source range into the target table, exactly once (progress is kept in the target).
+    Sync {
+        #[arg(long)]
+        config: PathBuf,
+        #[command(flatten)]
+        range: RangeArgs,
+        /// Print the summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Build a small demo table (local warehouse + sqlite catalog) with a few commits and print its changes.
     Quickstart {
         /// Where the demo warehouse and cdc.toml go.
@@ -163,6 +173,37 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",
                 summary.snapshots, summary.skipped_replace, summary.inserts, summary.deletes, summary.update_pairs,
                 summary.files_read, summary.bytes_read as f64 / 1e6, summary.spilled_bytes as f64 / 1e6, summary.seconds
+            );
+        }
+        Cmd::Sync { config, range, json } => {
+            let cfg = Config::load(&config)?;
+            let (from, to) = range.bounds()?;
+            let summary = pipeline::run_sync(&cfg, from, to, |c| {
+                let s = &c.stats;
+                eprintln!(
+                    "cdc: source {}..{} ({} snapshot(s)) -> target snapshot {}: {} insert, {} delete, {} update; {} files, {:.1} MB",
+                    c.first_source_snapshot,
+                    c.last_source_snapshot,
+                    c.source_snapshots,
+                    c.target_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "(already applied)".into()),
+                    s.inserts, s.deletes, s.updates, s.files, s.bytes as f64 / 1e6
+                );
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            }
+            eprintln!(
+                "cdc: sync {} -> {}{}: {} source snapshot(s) in {} commit(s), {} insert, {} delete, {} update, {} files / {:.1} MB written, target at source snapshot {}, {:.2}s",
+                summary.source_table,
+                summary.target_table,
+                if summary.bootstrap { " (initial copy)" } else { "" },
+                summary.source_snapshots_applied,
+                summary.target_snapshot_ids.len(),
+                summary.inserts, summary.deletes, summary.updates,
+                summary.files_written, summary.bytes_written as f64 / 1e6,
+                summary.source_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
+                summary.seconds
             );
         }
         Cmd::Quickstart { dir } => {

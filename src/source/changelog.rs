@@ -157,55 +157,16 @@ impl<'a> ChangelogScan<'a> {
         let touched = touched_files(&plan);
 
         let mut netter = Netter::new(data_schema.clone(), key_idx, self.opts.memory_budget, &self.opts.spill_dir)?;
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(Side, RecordBatch)>>(self.opts.concurrency * 2);
-        let file_io = self.table.file_io().clone();
-        let mut tasks = Vec::with_capacity(touched.len());
-        for f in touched {
-            let before: Vec<_> = plan.deletes_before.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
-            let after: Vec<_> = plan.deletes_after.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
-            let in_before = plan.data_before.contains_key(f.path());
-            let in_after = plan.data_after.contains_key(f.path());
-            let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), data_schema.clone());
-            tasks.push(async move {
-                let res = diff_file(&file_io, &cache, &f, (in_before, before), (in_after, after), schema, schema_id, &tx).await;
-                match res {
-                    Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
-                    Err(e) => {
-                        // the receiver reports the first error; the driver only needs to stop
-                        let _ = tx.send(Err(e)).await;
-                        Err(Error::Internal(format!("reading {} failed", f.path())))
-                    }
-                }
-            });
-        }
-        let concurrency = self.opts.concurrency;
-        // Each file is its own task so decoding runs on all cores; at most `concurrency` at once.
-        let driver = tokio::spawn(async move {
-            let mut set = tokio::task::JoinSet::new();
-            let mut pending = tasks.into_iter();
-            let (mut n, mut rows, mut bytes) = (0u64, 0u64, 0u64);
-            loop {
-                while set.len() < concurrency {
-                    match pending.next() {
-                        Some(t) => {
-                            set.spawn(t);
-                        }
-                        None => break,
-                    }
-                }
-                match set.join_next().await {
-                    None => break,
-                    Some(r) => {
-                        let (r, b) = r.map_err(|e| Error::Internal(format!("reader task failed: {e}")))??;
-                        n += 1;
-                        rows += r;
-                        bytes += b;
-                    }
-                }
-            }
-            Ok::<_, Error>((n, rows, bytes))
-        });
-        drop(tx);
+        let jobs = touched
+            .into_iter()
+            .map(|f| {
+                let before: Vec<_> = plan.deletes_before.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+                let after: Vec<_> = plan.deletes_after.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+                let (in_before, in_after) = (plan.data_before.contains_key(f.path()), plan.data_after.contains_key(f.path()));
+                FileJob { file: f, before: (in_before, before), after: (in_after, after) }
+            })
+            .collect();
+        let (mut rx, driver) = self.read_files(jobs, data_schema.clone(), schema_id);
         let mut failed = None;
         while let Some(item) = rx.recv().await {
             match item {
@@ -256,7 +217,115 @@ impl<'a> ChangelogScan<'a> {
     }
 }
 
+/// One data file to read, with the deletes of the state before and after.
+struct FileJob {
+    file: Arc<FileEntry>,
+    before: (bool, Vec<Arc<FileEntry>>),
+    after: (bool, Vec<Arc<FileEntry>>),
+}
+
+type FileRows = tokio::sync::mpsc::Receiver<Result<(Side, RecordBatch)>>;
+type ReadTotals = tokio::task::JoinHandle<Result<(u64, u64, u64)>>;
+
 impl ChangelogScan<'_> {
+    /// Reads the files concurrently (each its own task, so decoding runs on all cores, at most `concurrency` at
+    /// once); rows they lose/gain arrive on the channel, the first error too. The handle yields (files, rows, bytes).
+    fn read_files(&self, jobs: Vec<FileJob>, schema: SchemaRef, schema_id: i32) -> (FileRows, ReadTotals) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Side, RecordBatch)>>(self.opts.concurrency * 2);
+        let file_io = self.table.file_io().clone();
+        let tasks: Vec<_> = jobs
+            .into_iter()
+            .map(|job| {
+                let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone());
+                async move {
+                    let f = job.file;
+                    match diff_file(&file_io, &cache, &f, job.before, job.after, schema, schema_id, &tx).await {
+                        Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
+                        Err(e) => {
+                            // the receiver reports the first error; the driver only needs to stop
+                            let _ = tx.send(Err(e)).await;
+                            Err(Error::Internal(format!("reading {} failed", f.path())))
+                        }
+                    }
+                }
+            })
+            .collect();
+        let concurrency = self.opts.concurrency;
+        let driver = tokio::spawn(async move {
+            let mut set = tokio::task::JoinSet::new();
+            let mut pending = tasks.into_iter();
+            let (mut n, mut rows, mut bytes) = (0u64, 0u64, 0u64);
+            loop {
+                while set.len() < concurrency {
+                    match pending.next() {
+                        Some(t) => {
+                            set.spawn(t);
+                        }
+                        None => break,
+                    }
+                }
+                match set.join_next().await {
+                    None => break,
+                    Some(r) => {
+                        let (r, b) = r.map_err(|e| Error::Internal(format!("reader task failed: {e}")))??;
+                        n += 1;
+                        rows += r;
+                        bytes += b;
+                    }
+                }
+            }
+            Ok((n, rows, bytes))
+        });
+        (rx, driver)
+    }
+
+    /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
+    pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
+        let meta = self.table.metadata();
+        let schema = snapshot.schema_id().and_then(|id| meta.schema_by_id(id)).cloned().unwrap_or_else(|| meta.current_schema().clone());
+        let data_schema = arrow_schema(&schema)?;
+        let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
+        let mut live: Vec<_> = plan.data_after.values().cloned().collect();
+        live.sort_by(|a, b| a.path().cmp(b.path()));
+        let jobs = live
+            .into_iter()
+            .map(|f| {
+                let after: Vec<_> = plan.deletes_after.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+                FileJob { file: f, before: (false, Vec::new()), after: (true, after) }
+            })
+            .collect();
+        let (mut rx, driver) = self.read_files(jobs, data_schema, schema.schema_id());
+        let commit = CommitInfo { snapshot_id: snapshot.snapshot_id(), sequence_number: snapshot.sequence_number(), timestamp_ms: snapshot.timestamp_ms(), ordinal: 0 };
+        let out_data_schema = data_part(&self.out_schema);
+        let mut stats = SnapshotStats { snapshot_id: snapshot.snapshot_id(), operation: "bootstrap".into(), ..Default::default() };
+        let mut failed = None;
+        while let Some(item) = rx.recv().await {
+            let batch = match item {
+                Ok((_, b)) => b,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            let n = batch.num_rows();
+            let projected = reader::project(&batch, &out_data_schema)?;
+            let types: arrow_array::ArrayRef = Arc::new(arrow_array::StringArray::from(vec![ChangeType::Insert.as_str(); n]));
+            stats.counts[ChangeType::Insert as usize] += n as u64;
+            if let Err(e) = sink.write(change::with_metadata(&self.out_schema, projected.columns().to_vec(), types, commit)?).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        drop(rx);
+        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let (f, r, b) = driven?;
+        (stats.files_read, stats.rows_read, stats.bytes_read) = (f, r, b);
+        Ok(stats)
+    }
+
     /// A missing file under a snapshot whose parent was expired is an expiry problem, not corruption.
     fn explain(&self, snapshot: &SnapshotRef, e: Error) -> Error {
         match (e, snapshot.parent_snapshot_id()) {

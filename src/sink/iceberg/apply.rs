@@ -1,0 +1,254 @@
+//! Turns change rows into the files of one merge-on-read target commit.
+//!
+//! - `INSERT`/`UPDATE_AFTER` rows become data rows.
+//! - Every key the commit touches gets one equality delete on the equality columns, written in the partition of the
+//!   row it removes (the old row of `DELETE`/`UPDATE_BEFORE`; for `INSERT` the new row's, in case the key was already
+//!   there): the target stays one row per key.
+//! - A row this commit wrote and a later source snapshot of the same commit changes again is deleted by position
+//!   (position-delete file on v2, deletion vector on v3): an equality delete only reaches strictly older data.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow_array::{Array, RecordBatch, UInt32Array};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::SchemaRef;
+use iceberg::spec::{DataFile, FormatVersion, PartitionKey, Struct};
+use iceberg::table::Table;
+use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
+use roaring::RoaringTreemap;
+
+use crate::change::{self, ChangeType};
+use crate::error::{Error, Result};
+use crate::sink::iceberg::deletes::{self, Partition};
+use crate::sink::iceberg::files::{Content, PartitionedWriter};
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CommitStats {
+    pub inserts: u64,
+    pub deletes: u64,
+    pub updates: u64,
+    pub data_rows: u64,
+    pub equality_delete_rows: u64,
+    pub position_deletes: u64,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+pub struct CommitWriter {
+    table: Table,
+    arrow: SchemaRef,
+    data: PartitionedWriter,
+    eq: Option<PartitionedWriter>,
+    key_idx: Vec<usize>,
+    keys: RowConverter,
+    /// Keys this commit already deletes by equality.
+    deleted: HashSet<Box<[u8]>>,
+    /// Rows this commit wrote: key → (file, position, source snapshot).
+    written: HashMap<Box<[u8]>, Vec<(Arc<str>, u64, i64)>>,
+    positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
+    file_partitions: HashMap<Arc<str>, Option<Struct>>,
+    track_positions: bool,
+    pub stats: CommitStats,
+}
+
+impl CommitWriter {
+    /// `bootstrap`: the target is empty and rows come from a full copy: no equality deletes are needed.
+    /// `multi_snapshot`: the commit covers several source snapshots, so a key may change twice in it.
+    pub fn new(table: &Table, eq_cols: &[String], target_file_size: u64, bootstrap: bool, multi_snapshot: bool) -> Result<Self> {
+        let schema = table.metadata().current_schema();
+        let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(schema)?);
+        let mut key_idx = Vec::new();
+        let mut eq_ids = Vec::new();
+        for c in eq_cols {
+            let f = schema.field_by_name(c).ok_or_else(|| Error::Schema(format!("equality column `{c}` is not a target column")))?;
+            eq_ids.push(f.id);
+            key_idx.push(arrow.index_of(c)?);
+        }
+        let keys = RowConverter::new(key_idx.iter().map(|&i| SortField::new(arrow.field(i).data_type().clone())).collect())?;
+        let size = target_file_size as usize;
+        Ok(CommitWriter {
+            table: table.clone(),
+            data: PartitionedWriter::new(table, Content::Data, size)?,
+            eq: if bootstrap { None } else { Some(PartitionedWriter::new(table, Content::EqualityDeletes(eq_ids), size)?) },
+            arrow,
+            key_idx,
+            keys,
+            deleted: HashSet::new(),
+            written: HashMap::new(),
+            positions: BTreeMap::new(),
+            file_partitions: HashMap::new(),
+            track_positions: multi_snapshot,
+            stats: CommitStats::default(),
+        })
+    }
+
+    /// Change rows in the source's change schema; columns are matched to the target by name.
+    pub async fn write_changes(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let types = change::change_types(batch).ok_or_else(|| Error::Internal("change batch without _change_type".into()))?.clone();
+        let snapshot_ids = batch
+            .column_by_name(change::COMMIT_SNAPSHOT_ID)
+            .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>().cloned())
+            .ok_or_else(|| Error::Internal("change batch without _commit_snapshot_id".into()))?;
+        let rows = to_target(batch, &self.arrow)?;
+        let key_cols: Vec<_> = self.key_idx.iter().map(|&i| rows.column(i).clone()).collect();
+        let keys = self.keys.convert_columns(&key_cols)?;
+
+        let mut eq_rows = Vec::new();
+        let mut data_rows = Vec::new();
+        for i in 0..rows.num_rows() {
+            let t = ChangeType::parse(types.value(i)).ok_or_else(|| Error::Internal(format!("unknown change type {}", types.value(i))))?;
+            match t {
+                ChangeType::Insert => self.stats.inserts += 1,
+                ChangeType::Delete => self.stats.deletes += 1,
+                ChangeType::UpdateAfter => self.stats.updates += 1,
+                ChangeType::UpdateBefore => {}
+            }
+            let row = keys.row(i);
+            let key: &[u8] = row.as_ref();
+            let snap = snapshot_ids.value(i);
+            if self.track_positions {
+                // rows written by an earlier snapshot of this commit are now stale
+                if let Some(w) = self.written.get_mut(key) {
+                    let (stale, keep): (Vec<_>, Vec<_>) = w.drain(..).partition(|(_, _, s)| *s != snap);
+                    *w = keep;
+                    for (path, pos, _) in stale {
+                        let part = self.file_partitions.get(&path).cloned().flatten();
+                        self.positions.entry(path).or_insert_with(|| (RoaringTreemap::new(), part)).0.insert(pos);
+                        self.stats.position_deletes += 1;
+                    }
+                }
+            }
+            if self.eq.is_some() && !self.deleted.contains(key) && t != ChangeType::UpdateAfter {
+                self.deleted.insert(key.into());
+                eq_rows.push(i as u32);
+            }
+            if matches!(t, ChangeType::Insert | ChangeType::UpdateAfter) {
+                data_rows.push(i as u32);
+            }
+        }
+        if let Some(eq) = self.eq.as_mut() {
+            if !eq_rows.is_empty() {
+                let b = arrow_select::take::take_record_batch(&rows, &UInt32Array::from(eq_rows))?;
+                self.stats.equality_delete_rows += b.num_rows() as u64;
+                eq.write(&b).await?;
+            }
+        }
+        if !data_rows.is_empty() {
+            let idx = UInt32Array::from(data_rows);
+            let b = arrow_select::take::take_record_batch(&rows, &idx)?;
+            let snaps = arrow_select::take::take(&snapshot_ids, &idx, None)?;
+            let snaps = snaps.as_any().downcast_ref::<arrow_array::Int64Array>().expect("int64");
+            self.stats.data_rows += b.num_rows() as u64;
+            let placements = self.data.write(&b).await?;
+            if self.track_positions {
+                // placements come per partition slice; keys are recomputed from the slice itself
+                for p in placements {
+                    let cols: Vec<_> = self.key_idx.iter().map(|&i| p.batch.column(i).clone()).collect();
+                    let ks = self.keys.convert_columns(&cols)?;
+                    let part = self.partition_of(&p.batch)?;
+                    self.file_partitions.entry(p.path.clone()).or_insert(part);
+                    // snapshot ids: all rows of a change batch come from one snapshot
+                    let snap = snaps.value(0);
+                    for r in 0..p.rows {
+                        self.written.entry(ks.row(r).as_ref().into()).or_default().push((p.path.clone(), p.first_pos + r as u64, snap));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn partition_of(&self, batch: &RecordBatch) -> Result<Option<Struct>> {
+        let spec = self.table.metadata().default_partition_spec();
+        if spec.is_unpartitioned() {
+            return Ok(None);
+        }
+        let splitter = iceberg::arrow::RecordBatchPartitionSplitter::try_new_with_computed_values(
+            self.table.metadata().current_schema().clone(),
+            spec.clone(),
+        )?;
+        Ok(splitter.split(&batch.slice(0, 1))?.into_iter().next().map(|(k, _)| k.data().clone()))
+    }
+
+    /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors).
+    pub async fn finish(mut self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
+        self.positions.retain(|_, (bm, _)| !bm.is_empty());
+        let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
+        let CommitWriter { data, eq, mut stats, .. } = self;
+        let data = data.finish().await?;
+        let mut dels = match eq {
+            Some(eq) => eq.finish().await?,
+            None => Vec::new(),
+        };
+        dels.extend(positional);
+        stats.files = data.len() + dels.len();
+        stats.bytes = data.iter().chain(&dels).map(|f| f.file_size_in_bytes()).sum();
+        Ok((data, dels, stats))
+    }
+
+    async fn position_delete_files(&mut self) -> Result<Vec<DataFile>> {
+        let meta = self.table.metadata();
+        let spec = meta.default_partition_spec();
+        let spec_id = spec.spec_id();
+        let locations = DefaultLocationGenerator::new(meta)?;
+        let name = |kind: &str, ext: &str| format!("cdc-{}-{kind}.{ext}", uuid::Uuid::new_v4());
+        let location = |part: &Option<Struct>, file: &str| {
+            let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), meta.current_schema().clone(), p.clone()));
+            locations.generate_location(key.as_ref(), file)
+        };
+        let io = self.table.file_io().clone();
+        let mut out = Vec::new();
+        if meta.format_version() >= FormatVersion::V3 {
+            // one deletion vector per data file, all in one Puffin file
+            let vectors: Vec<(String, Partition, RoaringTreemap)> = self
+                .positions
+                .iter()
+                .map(|(path, (bm, part))| (path.to_string(), Partition { spec_id, value: part.clone().unwrap_or_else(Struct::empty) }, bm.clone()))
+                .collect();
+            let path = location(&None, &name("dv", "puffin"));
+            out.extend(deletes::write_dv_file(&io, &path, &vectors).await?);
+        } else {
+            // one position-delete file per partition
+            let mut by_part: HashMap<Option<Struct>, BTreeMap<String, RoaringTreemap>> = HashMap::new();
+            for (path, (bm, part)) in &self.positions {
+                by_part.entry(part.clone()).or_default().insert(path.to_string(), bm.clone());
+            }
+            for (part, files) in by_part {
+                let path = location(&part, &name("pos-deletes", "parquet"));
+                let p = Partition { spec_id, value: part.unwrap_or_else(Struct::empty) };
+                out.push(deletes::write_position_delete_file(&io, &path, &p, &files).await?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Change rows → the target's arrow schema, by column name (types cast where promoted).
+fn to_target(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
+    let cols = target
+        .fields()
+        .iter()
+        .map(|f| match batch.column_by_name(f.name()) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => arrow_cast::cast(c, f.data_type()).map_err(|e| Error::Schema(format!("column `{}`: {e}", f.name()))),
+            None => Ok(arrow_array::new_null_array(f.data_type(), batch.num_rows())),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // required target columns: nulls would be a schema error the validation should have caught
+    for (f, c) in target.fields().iter().zip(&cols) {
+        if !f.is_nullable() && c.null_count() > 0 {
+            return Err(Error::Schema(format!("column `{}` is required in the target but a change row has null", f.name())));
+        }
+    }
+    Ok(RecordBatch::try_new(target.clone(), cols)?)
+}
+
+
+impl crate::change::ChangeSink for CommitWriter {
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.write_changes(&batch).await
+    }
+}
