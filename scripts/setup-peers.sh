@@ -24,4 +24,13 @@ if [ ! -s "$jar" ]; then
     -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
 fi
 test -s "$jar"
+
+# the Iceberg REST catalog server (all-in-one jar, run by scripts/rest-catalog.sh)
+REST_VERSION="${REST_VERSION:-1.10.1}"
+mkdir -p "$PEERS_DIR/rest"
+if [ ! -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar" ]; then
+  echo "setup-peers: fetching iceberg-open-api:$REST_VERSION (REST catalog server)" >&2
+  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-open-api:$REST_VERSION:jar" -DoutputDirectory="$PEERS_DIR/rest" >&2
+fi
+test -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar"
 echo "setup-peers: ready ($PEERS_DIR)" >&2

@@ -276,6 +276,7 @@ async fn commit_with_retry(
     source_seq: i64,
 ) -> Result<Option<i64>> {
     let mut attempt = 0u32;
+    test_pause_before_commit();
     loop {
         let prepared = RowDelta::new()
             .add_data_files(data.iter().cloned())
@@ -305,4 +306,19 @@ async fn commit_with_retry(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Test hook: with `CDC_TEST_PAUSE_BEFORE_COMMIT=<dir>` the first commit of the process waits, after its files are
+/// written, until `<dir>/resume` exists (it creates `<dir>/paused` first). Lets tests put another writer's commit
+/// between our plan and our commit.
+fn test_pause_before_commit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Some(dir) = std::env::var_os("CDC_TEST_PAUSE_BEFORE_COMMIT") else { return };
+    ONCE.call_once(|| {
+        let dir = std::path::PathBuf::from(dir);
+        let _ = std::fs::write(dir.join("paused"), b"");
+        while !dir.join("resume").exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
 }

@@ -68,6 +68,9 @@ impl Catalog {
                     .connect(&uri)
                     .await
                     .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
+                // WAL: other processes reading the catalog (Spark's JdbcCatalog keeps read transactions open) must
+                // not block our compare-and-set commits. The mode is stored in the database file.
+                let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
                 Ok(Catalog::Sql { inner, pool, name })
             }
             CatalogType::Rest => {

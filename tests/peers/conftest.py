@@ -24,8 +24,30 @@ def warehouse():
 
 
 @pytest.fixture(scope="session")
-def spark(warehouse):
-    s = spark_workloads.spark_session(warehouse)
+def rest_catalog(warehouse):
+    """The Iceberg REST catalog server, started by scripts/rest-catalog.sh on a free 127.0.0.1 port."""
+    state = os.path.join(warehouse, "rest-server")
+    script = os.path.join(ROOT, "scripts", "rest-catalog.sh")
+    p = subprocess.run(["bash", script, "start", state], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"REST catalog server did not start: {p.stderr}")
+    yield p.stdout.strip()
+    subprocess.run(["bash", script, "stop", state])
+
+
+@pytest.fixture(scope="session")
+def sql_target(warehouse):
+    """Warehouse of the sqlite catalog iceberg-rust writes. Spark reads its tables by metadata file (see
+    `spark_table`): Spark's JdbcCatalog on sqlite keeps a read transaction open and would see stale pointers."""
+    d = os.path.join(warehouse, "sql-target")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def spark(warehouse, rest_catalog, sql_target):
+    catalogs = {"rest_cat": {"type": "rest", "uri": rest_catalog}}
+    s = spark_workloads.spark_session(warehouse, catalogs)
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()
@@ -37,10 +59,23 @@ def spark_tables(spark):
     return list(spark_workloads.TABLES)
 
 
-def write_config(path, table, warehouse, extra=""):
+def write_config(path, table, warehouse, extra="", target=""):
     with open(path, "w") as f:
-        f.write(f'[source]\ntable = "{table}"\n{extra}\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n')
+        f.write(f'[source]\ntable = "{table}"\n{extra}\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n{target}')
     return path
+
+
+def target_section(kind, table, warehouse, rest_uri, sql_dir, extra=""):
+    """A [target] section and the Spark name of that table (`catalog.namespace.table`)."""
+    ns, name = table.split(".")
+    if kind == "hadoop":
+        cat, spark_cat = f'type = "hadoop"\nwarehouse = "{warehouse}"', "spark_cat"
+    elif kind == "sql":
+        cat, spark_cat = f'type = "sql"\nwarehouse = "{sql_dir}"', f"sqlite:{sql_dir}"
+    else:
+        cat, spark_cat = f'type = "rest"\nuri = "{rest_uri}"', "rest_cat"
+    section = f'[target]\ntable = "{table}"\n{extra}\n[target.catalog]\n{cat}\n'
+    return section, f"{spark_cat}.{ns}.{name}"
 
 
 def run_cdc(*args, check=True):
@@ -53,3 +88,30 @@ def run_cdc(*args, check=True):
 def cdc_changes(config, *args):
     out = run_cdc("changes", "--config", config, *args).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def sqlite_metadata_location(sql_dir, name):
+    """Current metadata file of a table in iceberg-rust's sqlite catalog (a short read-only query)."""
+    import sqlite3
+
+    ns, table = name.rsplit(".", 1)
+    con = sqlite3.connect(f"file:{sql_dir}/catalog.db?mode=ro", uri=True)
+    try:
+        row = con.execute(
+            "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?", (ns, table)
+        ).fetchone()
+    finally:
+        con.close()
+    assert row, f"{name} not in the sqlite catalog"
+    return row[0]
+
+
+def spark_table(spark, name):
+    """A DataFrame over a target table: `catalog.ns.table`, or `sqlite:<dir>.ns.table` read by metadata file."""
+    if name.startswith("sqlite:"):
+        rest = name[len("sqlite:"):]
+        parts = rest.split(".")
+        sql_dir, tbl = ".".join(parts[:-2]), ".".join(parts[-2:])
+        return spark.read.format("iceberg").load(sqlite_metadata_location(sql_dir, tbl))
+    spark.sql(f"REFRESH TABLE {name}")
+    return spark.table(name)

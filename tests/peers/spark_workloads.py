@@ -11,15 +11,20 @@ import sys
 CAT = "spark_cat"
 
 
-def spark_session(warehouse):
+def spark_session(warehouse, extra_catalogs=None):
     os.environ.setdefault("TZ", "UTC")
     from pyspark.sql import SparkSession
 
     here = os.path.dirname(os.path.abspath(__file__))
     peers = os.environ.get("PEERS_DIR", os.path.join(here, "..", "..", ".peers"))
     jars = [os.path.join(peers, "jars", j) for j in sorted(os.listdir(os.path.join(peers, "jars"))) if j.endswith(".jar")]
+    b = SparkSession.builder
+    for name, props in (extra_catalogs or {}).items():
+        b = b.config(f"spark.sql.catalog.{name}", "org.apache.iceberg.spark.SparkCatalog")
+        for k, v in props.items():
+            b = b.config(f"spark.sql.catalog.{name}.{k}", v)
     return (
-        SparkSession.builder.master("local[2]")
+        b.master("local[2]")
         .appName("iceberg-cdc-peer")
         .config("spark.jars", ",".join(jars))
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
