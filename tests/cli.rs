@@ -265,3 +265,112 @@ fn output_file_is_atomic_and_parquet_typed() {
     assert!(!bad.exists());
     assert!(std::fs::read_dir(dir.path()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with(".cdc-out-")));
 }
+
+fn sync_config(source_wh: &Path, target: &str, target_wh: &Path, extra: &str) -> String {
+    format!(
+        "{}\n[target]\ntable = \"{target}\"\n{extra}\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        sql_config(source_wh, "", ""),
+        target_wh.display()
+    )
+}
+
+fn target_snapshot_count(target_wh: &Path, table: &str) -> usize {
+    let (ns, t) = table.split_once('.').unwrap();
+    let dir = target_wh.join(ns).join(t).join("metadata");
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with("snap-")).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_resumes_is_idempotent_and_refuses_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("target");
+    let lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let ids: Vec<String> = lineage.iter().map(|s| s.snapshot_id().to_string()).collect();
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""));
+    let cfg = cfg.to_str().unwrap();
+    ok(cdc(&["sync", "--config", cfg, "--to-snapshot", &ids[1]]));
+    assert_eq!(target_snapshot_count(&tw, "replica.orders"), 1, "bootstrap is one commit");
+    // a gap: progress is at ids[1], --from starts after ids[2]
+    let out = cdc(&["sync", "--config", cfg, "--from-snapshot", &ids[2]]);
+    assert_eq!(code(&out), exit::RANGE);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gap"), "{}", String::from_utf8_lossy(&out.stderr));
+    // an older --from is fine: what is applied is skipped
+    ok(cdc(&["sync", "--config", cfg, "--from-snapshot", &ids[0]]));
+    assert_eq!(target_snapshot_count(&tw, "replica.orders"), 3);
+    let again = ok(cdc(&["sync", "--config", cfg, "--json"]));
+    assert!(again.contains("\"source_snapshots_applied\": 0"), "{again}");
+    assert_eq!(target_snapshot_count(&tw, "replica.orders"), 3, "nothing new, nothing committed");
+    // the target equals the source, read by iceberg-rust's scan (applies equality deletes)
+    let tcat = Catalog::connect(&Config::parse(&std::fs::read_to_string(cfg).unwrap()).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    let mut want = scan_rows(&table, Some(lineage.last().unwrap().snapshot_id())).await;
+    let mut got = scan_rows(&target, target.metadata().current_snapshot_id()).await;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sync_bad_input_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("target");
+    // an existing target that lacks a column and has a narrower type
+    let tcfg = Config::parse(&sync_config(&wh, "replica.bad", &tw, "")).unwrap().target.unwrap();
+    let tcat = Catalog::connect(&tcfg.catalog, "target").await.unwrap();
+    let schema = iceberg::spec::Schema::builder()
+        .with_fields(vec![
+            iceberg::spec::NestedField::required(1, "id", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::Int)).into(),
+            iceberg::spec::NestedField::optional(2, "customer", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::String)).into(),
+        ])
+        .build()
+        .unwrap();
+    let creation = iceberg::TableCreation::builder().name("bad".into()).schema(schema).build();
+    tcat.create_table("replica.bad", creation).await.unwrap();
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.bad", &tw, ""));
+    let out = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::SCHEMA, "{err}");
+    assert!(err.contains("`id` is long in the source but int") && err.contains("no column `amount`") && err.contains("no column `updated_at`"), "{err}");
+    assert_eq!(target_snapshot_count(&tw, "replica.bad"), 0);
+
+    // equality columns that do not exist
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.nokey", &tw, "equality_columns = [\"nope\"]"));
+    let out = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code(&out), exit::SCHEMA, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!tw.join("replica").join("nokey").exists(), "nothing created");
+
+    // no equality columns at all: a source without identifier fields and nothing configured
+    let scat = Catalog::connect(&Config::parse(&sql_config(&wh, "", "")).unwrap().source.catalog, "source").await.unwrap();
+    let keyless = iceberg::spec::Schema::builder()
+        .with_fields(vec![iceberg::spec::NestedField::optional(1, "v", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::String)).into()])
+        .build()
+        .unwrap();
+    let t = scat.create_table("demo.keyless", iceberg::TableCreation::builder().name("keyless".into()).schema(keyless).build()).await.unwrap();
+    let arrow = std::sync::Arc::new(iceberg::arrow::schema_to_arrow_schema(t.metadata().current_schema()).unwrap());
+    let b = arrow_array::RecordBatch::try_new(arrow, vec![std::sync::Arc::new(arrow_array::StringArray::from(vec!["x"]))]).unwrap();
+    let files = iceberg_cdc::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
+    let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
+    scat.commit(&t, c.requirements, c.updates).await.unwrap();
+    let body = sync_config(&wh, "replica.keyless", &tw, "").replace(&format!("table = \"{}\"", quickstart::TABLE), "table = \"demo.keyless\"");
+    let out = cdc(&["sync", "--config", config(dir.path(), &body).to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::SCHEMA, "{err}");
+    assert!(err.contains("no equality columns"), "{err}");
+    assert!(!tw.join("replica").join("keyless").exists(), "nothing created");
+
+    // unreachable target catalog
+    let body = sync_config(&wh, "replica.x", &tw, "").replace(
+        &format!("type = \"hadoop\"\nwarehouse = \"{}\"", tw.display()),
+        "type = \"rest\"\nuri = \"http://127.0.0.1:9\"",
+    );
+    let out = cdc(&["sync", "--config", config(dir.path(), &body).to_str().unwrap()]);
+    assert_eq!(code(&out), exit::CATALOG, "{}", String::from_utf8_lossy(&out.stderr));
+
+    // no [target] section
+    let out = cdc(&["sync", "--config", config(dir.path(), &sql_config(&wh, "", "")).to_str().unwrap()]);
+    assert_eq!(code(&out), exit::CONFIG);
+    assert_eq!(iceberg_cdc::source::lineage::main_lineage(table.metadata()).len(), 4, "the source is untouched");
+}
