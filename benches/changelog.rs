@@ -42,14 +42,15 @@ fn batch(table: &Table, ids: impl Iterator<Item = i64>, version: i64) -> RecordB
         Arc::new(Int64Array::from(ids.clone())),
         Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("customer-{:08}", i % 100_000)))),
         Arc::new(Decimal128Array::from_iter_values(ids.iter().map(|i| (*i as i128 * 37 + version as i128) % 10_000_000)).with_precision_and_scale(12, 2).unwrap()),
-        Arc::new(TimestampMicrosecondArray::from_iter_values(ids.iter().map(|i| 1_700_000_000_000_000 + i * 1_000 + version))).with_timezone("+00:00")),
+        Arc::new(TimestampMicrosecondArray::from_iter_values(ids.iter().map(|i| 1_700_000_000_000_000 + i * 1_000 + version)).with_timezone("+00:00")),
         Arc::new(Int32Array::from_iter_values(ids.iter().map(|i| (i % 97) as i32 + version as i32))),
         Arc::new(StringArray::from_iter_values(ids.iter().map(|i| ["new", "paid", "shipped", "done"][(i % 4) as usize]))),
     ];
     RecordBatch::try_new(s, cols).unwrap()
 }
 
-async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64) {
+/// Returns the config, the data files the measured snapshot must read, their bytes, and the base snapshot id.
+async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64, i64) {
     let wh = dir.join("wh");
     let text = format!("[source]\ntable = \"bench.orders\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n[engine]\nread_concurrency = 2\n", wh.display());
     let cfg_path = dir.join("bench.toml");
@@ -66,9 +67,10 @@ async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64) {
         data_files.extend(files::write_data(&table, &[batch(&table, start..end, 0)]).await.unwrap());
         start = end;
     }
-    let paths: Vec<String> = data_files.iter().map(|f| f.file_path().to_string()).collect();
-    let bytes: u64 = data_files.iter().map(|f| f.file_size_in_bytes()).sum();
+    let mut paths: Vec<String> = data_files.iter().map(|f| f.file_path().to_string()).collect();
+    let mut bytes: u64 = data_files.iter().map(|f| f.file_size_in_bytes()).sum();
     let c = RowDelta::new().add_data_files(data_files).prepare(&table).await.unwrap();
+    let base = c.snapshot_id;
     table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
     // the measured snapshot: update every 10th row, delete every 50th (+1 offset so they do not overlap)
     let updated = (0..rows).step_by(10);
@@ -76,9 +78,11 @@ async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64) {
     let keys = batch(&table, updated.clone().chain(deleted.iter().copied()), 0);
     let dels = files::write_equality_deletes(&table, vec![1], &[keys]).await.unwrap();
     let new_rows = files::write_data(&table, &[batch(&table, updated, 1)]).await.unwrap();
+    paths.extend(new_rows.iter().map(|f| f.file_path().to_string()));
+    bytes += new_rows.iter().chain(&dels).map(|f| f.file_size_in_bytes()).sum::<u64>();
     let c = RowDelta::new().add_delete_files(dels).add_data_files(new_rows).prepare(&table).await.unwrap();
     catalog.commit(&table, c.requirements, c.updates).await.unwrap();
-    (cfg_path, paths, bytes)
+    (cfg_path, paths, bytes, base)
 }
 
 struct Measure {
@@ -162,17 +166,26 @@ fn main() {
     let get = |flag: &str, default: i64| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default);
     let rows = get("--rows", 1_000_000);
     let runs = get("--runs", 5).max(1) as usize;
-    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    // --keep: leave the table behind (for profiling `cdc` alone)
+    let _guard = if args.iter().any(|a| a == "--keep") {
+        eprintln!("bench: keeping {}", tmp.keep().display());
+        None
+    } else {
+        Some(tmp)
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let t0 = Instant::now();
-    let (cfg, files, bytes) = rt.block_on(build_table(dir.path(), rows));
+    let (cfg, files, bytes, base) = rt.block_on(build_table(&root, rows));
     eprintln!("bench: table with {rows} rows ({:.1} MB in {} files) built in {:.1}s", bytes as f64 / 1e6, files.len(), t0.elapsed().as_secs_f64());
 
-    let out = dir.path().join("changes.parquet");
+    let out = root.join("changes.parquet");
     let mut cdc_runs = Vec::new();
     let mut change_rows = 0usize;
     for _ in 0..runs {
-        let m = measure(Command::new(CDC).args(["changes", "--config", cfg.to_str().unwrap(), "--format", "parquet", "--output", out.to_str().unwrap()]));
+        let base = base.to_string();
+        let m = measure(Command::new(CDC).args(["changes", "--config", cfg.to_str().unwrap(), "--from-snapshot", &base, "--format", "parquet", "--output", out.to_str().unwrap()]));
         cdc_runs.push(m);
     }
     {
@@ -180,7 +193,7 @@ fn main() {
         change_rows = change_rows.max(r.metadata().file_metadata().num_rows() as usize);
     }
     let me = std::env::current_exe().unwrap();
-    let base_out = dir.path().join("baseline.parquet");
+    let base_out = root.join("baseline.parquet");
     let mut base_runs = Vec::new();
     for _ in 0..runs {
         let mut cmd = Command::new(&me);

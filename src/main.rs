@@ -94,6 +94,10 @@ impl RangeArgs {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix filters: a closed pipe (`cdc changes | head`) ends the process quietly.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

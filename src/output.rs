@@ -246,48 +246,31 @@ pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize
             }
             out.push('}');
         }
-        DataType::List(f) => {
-            let l = array.as_list::<i32>();
-            let v = l.value(row);
-            out.push('[');
-            for i in 0..v.len() {
-                if i > 0 {
-                    out.push(',');
-                }
-                json_value(out, v.as_ref(), f, i)?;
-            }
-            out.push(']');
-        }
-        DataType::LargeList(f) => {
-            let l = array.as_list::<i64>();
-            let v = l.value(row);
-            out.push('[');
-            for i in 0..v.len() {
-                if i > 0 {
-                    out.push(',');
-                }
-                json_value(out, v.as_ref(), f, i)?;
-            }
-            out.push(']');
-        }
+        DataType::List(f) => json_array(out, array.as_list::<i32>().value(row).as_ref(), f)?,
+        DataType::LargeList(f) => json_array(out, array.as_list::<i64>().value(row).as_ref(), f)?,
         DataType::Map(entries, _) => {
-            let m = array.as_map();
-            let e = m.value(row);
+            let e = array.as_map().value(row);
             let DataType::Struct(kv) = entries.data_type() else { return Err(Error::Internal("map without struct entries".into())) };
-            for (name, col) in [("keys", 0), ("values", 1)] {
-                out.push_str(if col == 0 { "{\"keys\":[" } else { "],\"values\":[" });
-                let _ = name;
-                for i in 0..e.len() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    json_value(out, e.column(col).as_ref(), &kv[col], i)?;
-                }
-            }
-            out.push_str("]}");
+            out.push_str("{\"keys\":");
+            json_array(out, e.column(0).as_ref(), &kv[0])?;
+            out.push_str(",\"values\":");
+            json_array(out, e.column(1).as_ref(), &kv[1])?;
+            out.push('}');
         }
         other => return Err(Error::Schema(format!("column `{}`: type {other} has no JSON form here", field.name()))),
     }
+    Ok(())
+}
+
+fn json_array(out: &mut String, values: &dyn Array, field: &Field) -> Result<()> {
+    out.push('[');
+    for i in 0..values.len() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_value(out, values, field, i)?;
+    }
+    out.push(']');
     Ok(())
 }
 
@@ -318,5 +301,7 @@ mod tests {
         assert_eq!(one(&arrow_array::BinaryArray::from(vec![&[0x12u8, 0xab][..]])), "\"12AB\"");
         assert_eq!(one(&StringArray::from(vec!["a\"b"])), "\"a\\\"b\"");
         assert_eq!(one(&arrow_array::Float64Array::from(vec![f64::NAN])), "\"NaN\"");
+        let l = arrow_array::ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1), None])]);
+        assert_eq!(one(&l), "[1,null]");
     }
 }

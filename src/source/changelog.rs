@@ -431,7 +431,11 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
     if !st.exists {
         return Ok(vec![false; n]);
     }
-    let mut live: Vec<bool> = (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect();
+    let mut live: Vec<bool> = if st.positions.is_empty() {
+        vec![true; n]
+    } else {
+        (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect()
+    };
     for eq in &st.eq {
         let (conv, idx) = eq.converter(&batch.schema())?;
         let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();

@@ -175,8 +175,11 @@ pub async fn read_dv(file_io: &FileIO, entry: &FileEntry) -> Result<RoaringTreem
 /// The keys of an equality-delete file, encoded with the row format of the data schema's types.
 pub struct EqDeletes {
     pub field_ids: Vec<i32>,
-    pub keys: HashSet<Box<[u8]>>,
+    pub keys: KeySet,
 }
+
+/// Encoded keys; ahash because SipHash dominated equality-delete matching in profiles.
+pub type KeySet = HashSet<Box<[u8]>, ahash::RandomState>;
 
 impl EqDeletes {
     pub fn converter(&self, data_schema: &Schema) -> Result<(RowConverter, Vec<usize>)> {
@@ -200,7 +203,8 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
     if field_ids.is_empty() {
         return Err(Error::data(path, "equality-delete file without equality_ids"));
     }
-    let mut eq = EqDeletes { field_ids, keys: HashSet::new() };
+    let capacity = entry.file.record_count().min(64 << 20) as usize;
+    let mut eq = EqDeletes { field_ids, keys: KeySet::with_capacity_and_hasher(capacity, ahash::RandomState::new()) };
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
     let mut stream = Box::pin(read_data_file(file_io, path, key_schema).await?);

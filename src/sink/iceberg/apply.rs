@@ -6,7 +6,7 @@
 //!   there): the target stays one row per key.
 //! - A row this commit wrote and a later source snapshot of the same commit changes again is deleted by position
 //!   (position-delete file on v2, deletion vector on v3): an equality delete only reaches strictly older data.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::{Array, RecordBatch, UInt32Array};
@@ -42,9 +42,9 @@ pub struct CommitWriter {
     key_idx: Vec<usize>,
     keys: RowConverter,
     /// Keys this commit already deletes by equality.
-    deleted: HashSet<Box<[u8]>>,
+    deleted: crate::source::reader::KeySet,
     /// Rows this commit wrote: key → (file, position, source snapshot).
-    written: HashMap<Box<[u8]>, Vec<(Arc<str>, u64, i64)>>,
+    written: HashMap<Box<[u8]>, Vec<(Arc<str>, u64, i64)>, ahash::RandomState>,
     positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
     file_partitions: HashMap<Arc<str>, Option<Struct>>,
     track_positions: bool,
@@ -73,8 +73,8 @@ impl CommitWriter {
             arrow,
             key_idx,
             keys,
-            deleted: HashSet::new(),
-            written: HashMap::new(),
+            deleted: Default::default(),
+            written: Default::default(),
             positions: BTreeMap::new(),
             file_partitions: HashMap::new(),
             track_positions: multi_snapshot,
