@@ -16,6 +16,7 @@ use futures::TryStreamExt;
 use iceberg::io::FileIO;
 use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotRef, Type};
 use iceberg::table::Table;
+use arrow_row::{RowConverter, SortField};
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
@@ -157,7 +158,7 @@ impl<'a> ChangelogScan<'a> {
         let touched = touched_files(&plan);
 
         let mut netter = Netter::new(data_schema.clone(), key_idx, self.opts.memory_budget, &self.opts.spill_dir)?;
-        let jobs = touched
+        let jobs: Vec<FileJob> = touched
             .into_iter()
             .map(|f| {
                 let before: Vec<_> = plan.deletes_before.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
@@ -166,26 +167,15 @@ impl<'a> ChangelogScan<'a> {
                 FileJob { file: f, before: (in_before, before), after: (in_after, after) }
             })
             .collect();
-        let (mut rx, driver) = self.read_files(jobs, data_schema.clone(), schema_id);
-        let mut failed = None;
-        while let Some(item) = rx.recv().await {
-            match item {
-                Ok((side, batch)) => netter.push(side, batch)?,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(rx);
-        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
-        if let Some(e) = failed {
-            return Err(self.explain(snapshot, e));
-        }
-        let (files_read, rows_read, bytes_read) = driven?;
-        stats.files_read = files_read;
-        stats.rows_read = rows_read;
-        stats.bytes_read = bytes_read;
+        // Carry-over (identical rows removed and re-added) needs new data files and removed rows in one snapshot:
+        // a copy-on-write rewrite. It is cancelled by fingerprint before netting, so the sort only sees real changes.
+        let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
+        let totals = if carry_over {
+            self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?
+        } else {
+            self.push_rows(snapshot, jobs, &data_schema, schema_id, &mut |side, b| netter.push(side, b)).await?
+        };
+        (stats.files_read, stats.rows_read, stats.bytes_read) = totals;
 
         let commit = CommitInfo {
             snapshot_id: snapshot.snapshot_id(),
@@ -218,6 +208,7 @@ impl<'a> ChangelogScan<'a> {
 }
 
 /// One data file to read, with the deletes of the state before and after.
+#[derive(Clone)]
 struct FileJob {
     file: Arc<FileEntry>,
     before: (bool, Vec<Arc<FileEntry>>),
@@ -279,6 +270,117 @@ impl ChangelogScan<'_> {
         (rx, driver)
     }
 
+    /// Reads `jobs` and hands every (side, rows) to `push`. Returns (files, rows, bytes) read.
+    async fn push_rows(
+        &self,
+        snapshot: &SnapshotRef,
+        jobs: Vec<FileJob>,
+        schema: &SchemaRef,
+        schema_id: i32,
+        push: &mut dyn FnMut(Side, RecordBatch) -> Result<()>,
+    ) -> Result<(u64, u64, u64)> {
+        let (mut rx, driver) = self.read_files(jobs, schema.clone(), schema_id);
+        let mut failed = None;
+        while let Some(item) = rx.recv().await {
+            if let Err(e) = item.and_then(|(side, batch)| push(side, batch)) {
+                failed = Some(e);
+                break;
+            }
+        }
+        drop(rx);
+        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
+        if let Some(e) = failed {
+            return Err(self.explain(snapshot, e));
+        }
+        driven
+    }
+
+    /// Pushes the snapshot's removed and added rows minus the pairs of identical rows between them, in three reads:
+    /// count the fingerprints of the added rows; stream the removed rows, cancelling those whose fingerprint is
+    /// counted; stream the added rows again, keeping those still counted. Only fingerprints are held (a 128-bit
+    /// hash of the whole row, ~48 bytes each); when they would pass half the budget the fingerprint space is split
+    /// and the three reads repeat per part.
+    async fn push_without_carry_over(
+        &self,
+        snapshot: &SnapshotRef,
+        jobs: &[FileJob],
+        schema: &SchemaRef,
+        schema_id: i32,
+        netter: &mut Netter,
+    ) -> Result<(u64, u64, u64)> {
+        let adders: Vec<FileJob> = jobs.iter().filter(|j| j.after.0).cloned().collect();
+        let removers: Vec<FileJob> = jobs.iter().filter(|j| j.before.0).cloned().collect();
+        let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
+        let parts = (added_upper * 48).div_ceil((self.opts.memory_budget / 2).max(1)).max(1);
+        let conv = RowConverter::new(schema.fields().iter().map(|f| SortField::new(f.data_type().clone())).collect())?;
+        let mut totals = (0u64, 0u64, 0u64);
+        let mut add = |t: (u64, u64, u64)| {
+            totals.0 += t.0;
+            totals.1 += t.1;
+            totals.2 += t.2;
+        };
+        for part in 0..parts {
+            let mut counts: HashMap<u128, u32, ahash::RandomState> = HashMap::with_capacity_and_hasher((added_upper / parts) as usize, Default::default());
+            let fps = |b: &RecordBatch| -> Result<Vec<u128>> { fingerprints(&conv, b) };
+            add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
+                if side == Side::Added {
+                    for fp in fps(&b)? {
+                        if fp % parts as u128 == part as u128 {
+                            *counts.entry(fp).or_default() += 1;
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?);
+            add(self.push_rows(snapshot, removers.clone(), schema, schema_id, &mut |side, b| {
+                if side != Side::Removed {
+                    return Ok(());
+                }
+                let keep: Vec<bool> = fps(&b)?
+                    .into_iter()
+                    .map(|fp| {
+                        if fp % parts as u128 != part as u128 {
+                            return false;
+                        }
+                        match counts.get_mut(&fp) {
+                            Some(c) if *c > 0 => {
+                                *c -= 1;
+                                false
+                            }
+                            _ => true,
+                        }
+                    })
+                    .collect();
+                push_masked(netter, Side::Removed, &b, keep)
+            })
+            .await?);
+            add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
+                if side != Side::Added {
+                    return Ok(());
+                }
+                let keep: Vec<bool> = fps(&b)?
+                    .into_iter()
+                    .map(|fp| {
+                        if fp % parts as u128 != part as u128 {
+                            return false;
+                        }
+                        match counts.get_mut(&fp) {
+                            Some(c) if *c > 0 => {
+                                *c -= 1;
+                                true
+                            }
+                            _ => false,
+                        }
+                    })
+                    .collect();
+                push_masked(netter, Side::Added, &b, keep)
+            })
+            .await?);
+        }
+        Ok(totals)
+    }
+
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
     pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
@@ -338,6 +440,25 @@ impl ChangelogScan<'_> {
             (e, _) => e,
         }
     }
+}
+
+/// Seeds fixed so that every read of a snapshot fingerprints a row the same way.
+const FP_SEEDS: [u64; 8] = [0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89, 0x452821E638D01377, 0xBE5466CF34E90C6C, 0xC0AC29B7C97C50DD, 0x3F84D5B5B5470917];
+
+/// 128-bit fingerprints of whole rows (two independent 64-bit hashes of the row encoding).
+fn fingerprints(conv: &RowConverter, batch: &RecordBatch) -> Result<Vec<u128>> {
+    let rows = conv.convert_columns(batch.columns())?;
+    let h1 = ahash::RandomState::with_seeds(FP_SEEDS[0], FP_SEEDS[1], FP_SEEDS[2], FP_SEEDS[3]);
+    let h2 = ahash::RandomState::with_seeds(FP_SEEDS[4], FP_SEEDS[5], FP_SEEDS[6], FP_SEEDS[7]);
+    Ok(rows.iter().map(|r| ((h1.hash_one(r.as_ref()) as u128) << 64) | h2.hash_one(r.as_ref()) as u128).collect())
+}
+
+fn push_masked(netter: &mut Netter, side: Side, batch: &RecordBatch, keep: Vec<bool>) -> Result<()> {
+    if keep.iter().all(|k| !*k) {
+        return Ok(());
+    }
+    let b = if keep.iter().all(|k| *k) { batch.clone() } else { arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(keep))? };
+    netter.push(side, b)
 }
 
 /// The table columns of a change schema (everything before `_change_type`).
