@@ -54,6 +54,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--cdc", default=os.path.join(ROOT, "target", "release", "cdc"))
+    ap.add_argument("--keep", action="store_true", help="print the warehouse and stop before the measured runs")
     args = ap.parse_args()
     n = args.rows
     wh = tempfile.mkdtemp(prefix="cdc-bench-")
@@ -88,6 +89,9 @@ def main():
                 f'[target]\ntable = "cdc_target.orders"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
                 f'[engine]\nread_concurrency = 2\n')
     subprocess.run([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(s1)], check=True, capture_output=True)
+    if args.keep:
+        print(f"kept {wh}: run `{args.cdc} sync --config {cfg}`")
+        return
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     p = subprocess.run([args.cdc, "sync", "--config", cfg], capture_output=True, text=True)
