@@ -215,6 +215,24 @@ struct FileJob {
     after: (bool, Vec<Arc<FileEntry>>),
 }
 
+impl FileJob {
+    /// Rows can appear only in a new file, or when a delete that applied before is gone.
+    fn can_add(&self) -> bool {
+        self.after.0 && (!self.before.0 || !is_subset(&self.before.1, &self.after.1))
+    }
+    /// Rows can disappear only from a removed file, or through a delete that is new.
+    fn can_remove(&self) -> bool {
+        self.before.0 && (!self.after.0 || !is_subset(&self.after.1, &self.before.1))
+    }
+}
+
+/// Every delete file of `a` is also in `b` (same file, same blob).
+fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
+    let id = |f: &Arc<FileEntry>| (f.path().to_string(), f.file.content_offset());
+    let b: std::collections::HashSet<_> = b.iter().map(id).collect();
+    a.iter().all(|f| b.contains(&id(f)))
+}
+
 type FileRows = tokio::sync::mpsc::Receiver<Result<(Side, RecordBatch)>>;
 type ReadTotals = tokio::task::JoinHandle<Result<(u64, u64, u64)>>;
 
@@ -308,8 +326,8 @@ impl ChangelogScan<'_> {
         schema_id: i32,
         netter: &mut Netter,
     ) -> Result<(u64, u64, u64)> {
-        let adders: Vec<FileJob> = jobs.iter().filter(|j| j.after.0).cloned().collect();
-        let removers: Vec<FileJob> = jobs.iter().filter(|j| j.before.0).cloned().collect();
+        let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
+        let removers: Vec<FileJob> = jobs.iter().filter(|j| j.can_remove()).cloned().collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
         let parts = (added_upper * 48).div_ceil((self.opts.memory_budget / 2).max(1)).max(1);
         let conv = RowConverter::new(schema.fields().iter().map(|f| SortField::new(f.data_type().clone())).collect())?;

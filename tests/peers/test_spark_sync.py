@@ -5,7 +5,6 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 
@@ -128,13 +127,15 @@ def test_sync_retries_after_another_writer_commits(spark, spark_tables, warehous
     pause.mkdir()
     env = dict(os.environ, CDC_TEST_PAUSE_BEFORE_COMMIT=str(pause))
     proc = subprocess.Popen([CDC, "sync", "--config", cfg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for _ in range(600):
-        if (pause / "paused").exists() or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    assert (pause / "paused").exists(), proc.communicate()[1]
-    spark.sql(f"INSERT INTO {tgt} VALUES (9999, 'other-writer', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'o', NULL)")
-    (pause / "resume").touch()
+    try:
+        for _ in range(600):
+            if (pause / "paused").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (pause / "paused").exists(), proc.communicate()[1]
+        spark.sql(f"INSERT INTO {tgt} VALUES (9999, 'other-writer', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'o', NULL)")
+    finally:
+        (pause / "resume").touch()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "retrying" in err or "conflict" in err.lower(), err
