@@ -92,9 +92,10 @@ struct Measure {
 }
 
 /// Runs a child process and measures it with wait4 (CPU time and peak RSS of that child alone).
+#[allow(clippy::zombie_processes)] // reaped by wait4 below
 fn measure(cmd: &mut Command) -> Measure {
     let started = Instant::now();
-    let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let pid = child.id() as libc::pid_t;
     let mut status = 0;
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

@@ -3,7 +3,6 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use iceberg::spec::{NestedField, PrimitiveType, Type};
 
 use crate::error::Result;
 
@@ -51,17 +50,6 @@ pub struct CommitInfo {
     pub sequence_number: i64,
     pub timestamp_ms: i64,
     pub ordinal: i32,
-}
-
-/// Iceberg fields of the metadata columns, appended to the table schema in typed output.
-pub fn metadata_fields() -> Vec<NestedField> {
-    vec![
-        NestedField::required(CHANGE_TYPE_ID, CHANGE_TYPE, Type::Primitive(PrimitiveType::String)),
-        NestedField::required(COMMIT_SNAPSHOT_ID_ID, COMMIT_SNAPSHOT_ID, Type::Primitive(PrimitiveType::Long)),
-        NestedField::required(COMMIT_SEQUENCE_NUMBER_ID, COMMIT_SEQUENCE_NUMBER, Type::Primitive(PrimitiveType::Long)),
-        NestedField::required(COMMIT_TIMESTAMP_ID, COMMIT_TIMESTAMP, Type::Primitive(PrimitiveType::Timestamptz)),
-        NestedField::required(CHANGE_ORDINAL_ID, CHANGE_ORDINAL, Type::Primitive(PrimitiveType::Int)),
-    ]
 }
 
 /// Arrow schema of change rows: the (relaxed) table columns followed by the metadata columns.

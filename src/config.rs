@@ -8,6 +8,7 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
+pub const DEFAULT_TARGET_FILE_SIZE: u64 = 512 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +65,7 @@ fn default_backoff() -> std::time::Duration {
     std::time::Duration::from_millis(200)
 }
 fn default_file_size() -> u64 {
-    512 * 1024 * 1024
+    DEFAULT_TARGET_FILE_SIZE
 }
 
 #[derive(Debug, Clone, Deserialize)]

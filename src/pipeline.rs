@@ -214,7 +214,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
             let (data, dels, stats) = w.finish().await?;
             let id = commit_with_retry(&tcat, &mut target, tcfg, data, dels, props(&end), &source_uuid, end.sequence_number()).await?;
             summary.bootstrap = true;
-            record(&mut summary, &[end.clone()], id, stats, &mut on_commit);
+            record(&mut summary, std::slice::from_ref(&end), id, stats, &mut on_commit);
         }
         Start::After(a) => {
             let snapshots = lineage::resolve_range(name, smeta, Some(Bound::Snapshot(a)), Some(Bound::Snapshot(end.snapshot_id())))?;

@@ -247,8 +247,8 @@ impl ChangelogScan<'_> {
             .map(|job| {
                 let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone());
                 async move {
-                    let f = job.file;
-                    match diff_file(&file_io, &cache, &f, job.before, job.after, schema, schema_id, &tx).await {
+                    let f = job.file.clone();
+                    match diff_file(&file_io, &cache, job, schema, schema_id, &tx).await {
                         Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
@@ -617,15 +617,14 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
 async fn diff_file(
     file_io: &FileIO,
     cache: &DeleteCache,
-    f: &FileEntry,
-    before: (bool, Vec<Arc<FileEntry>>),
-    after: (bool, Vec<Arc<FileEntry>>),
+    job: FileJob,
     schema: SchemaRef,
     schema_id: i32,
     tx: &tokio::sync::mpsc::Sender<Result<(Side, RecordBatch)>>,
 ) -> Result<u64> {
-    let sb = load_state(file_io, cache, f, before.0, &before.1, &schema, schema_id).await?;
-    let sa = load_state(file_io, cache, f, after.0, &after.1, &schema, schema_id).await?;
+    let f = job.file.as_ref();
+    let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
+    let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
     let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {

@@ -34,6 +34,9 @@ pub struct CommitStats {
     pub bytes: u64,
 }
 
+/// A row this commit wrote: (data file, position, source snapshot it came from).
+type Written = (Arc<str>, u64, i64);
+
 pub struct CommitWriter {
     table: Table,
     arrow: SchemaRef,
@@ -44,7 +47,7 @@ pub struct CommitWriter {
     /// Keys this commit already deletes by equality.
     deleted: crate::source::reader::KeySet,
     /// Rows this commit wrote: key → (file, position, source snapshot).
-    written: HashMap<Box<[u8]>, Vec<(Arc<str>, u64, i64)>, ahash::RandomState>,
+    written: HashMap<Box<[u8]>, Vec<Written>, ahash::RandomState>,
     positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
     file_partitions: HashMap<Arc<str>, Option<Struct>>,
     track_positions: bool,

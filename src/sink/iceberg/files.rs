@@ -16,7 +16,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
 
-pub const DEFAULT_TARGET_FILE_SIZE: usize = 512 * 1024 * 1024;
+pub const DEFAULT_TARGET_FILE_SIZE: usize = crate::config::DEFAULT_TARGET_FILE_SIZE as usize;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -41,8 +41,6 @@ pub struct Placement {
 
 pub struct PartitionedWriter {
     content: Content,
-    /// Schema of the rows handed to `write` (the table schema).
-    table_schema: SchemaRef,
     /// Schema of the files (the equality columns for deletes).
     file_schema: SchemaRef,
     spec: PartitionSpecRef,
@@ -90,7 +88,6 @@ impl PartitionedWriter {
         Ok(PartitionedWriter {
             builder: ParquetWriterBuilder::new(props, file_schema.clone()),
             content,
-            table_schema,
             file_schema,
             spec,
             splitter,
@@ -179,10 +176,6 @@ impl PartitionedWriter {
             self.close_file(o).await?;
         }
         Ok(self.done)
-    }
-
-    pub fn table_schema(&self) -> &SchemaRef {
-        &self.table_schema
     }
 }
 
