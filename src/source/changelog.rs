@@ -341,11 +341,26 @@ impl ChangelogScan<'_> {
             let mut counts: HashMap<u128, u32, FpBuild> = HashMap::with_capacity_and_hasher((added_upper / parts) as usize, Default::default());
             let mine = |fp: u128| parts == 1 || (fp as u64) % parts == part;
             let fps = |b: &RecordBatch| -> Result<Vec<u128>> { fingerprints(&conv, b) };
+            // Added rows are kept (with their fingerprints) while they fit half the budget (the netting buffer has
+            // the other half), which saves
+            // reading them a second time.
+            let mut kept: Option<Vec<(RecordBatch, Vec<u128>)>> = (parts == 1).then(Vec::new);
+            let mut kept_bytes = 0u64;
+            let keep_limit = self.opts.memory_budget / 2;
             add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
                 if side == Side::Added {
-                    for fp in fps(&b)? {
-                        if mine(fp) {
-                            *counts.entry(fp).or_default() += 1;
+                    let f = fps(&b)?;
+                    for fp in &f {
+                        if mine(*fp) {
+                            *counts.entry(*fp).or_default() += 1;
+                        }
+                    }
+                    if let Some(k) = kept.as_mut() {
+                        kept_bytes += b.get_array_memory_size() as u64 + 16 * f.len() as u64;
+                        if kept_bytes > keep_limit {
+                            kept = None;
+                        } else {
+                            k.push((b, f));
                         }
                     }
                 }
@@ -374,11 +389,8 @@ impl ChangelogScan<'_> {
                 push_masked(netter, Side::Removed, &b, keep)
             })
             .await?);
-            add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
-                if side != Side::Added {
-                    return Ok(());
-                }
-                let keep: Vec<bool> = fps(&b)?
+            let mut keep_counted = |b: &RecordBatch, f: Vec<u128>| -> Result<()> {
+                let keep: Vec<bool> = f
                     .into_iter()
                     .map(|fp| {
                         if !mine(fp) {
@@ -393,9 +405,22 @@ impl ChangelogScan<'_> {
                         }
                     })
                     .collect();
-                push_masked(netter, Side::Added, &b, keep)
-            })
-            .await?);
+                push_masked(netter, Side::Added, b, keep)
+            };
+            match kept.take() {
+                Some(batches) => {
+                    for (b, f) in batches {
+                        keep_counted(&b, f)?;
+                    }
+                }
+                None => add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
+                    if side != Side::Added {
+                        return Ok(());
+                    }
+                    keep_counted(&b, fps(&b)?)
+                })
+                .await?),
+            }
         }
         Ok(totals)
     }
