@@ -371,40 +371,14 @@ impl ChangelogScan<'_> {
                 if side != Side::Removed {
                     return Ok(());
                 }
-                let keep: Vec<bool> = fps(&b)?
-                    .into_iter()
-                    .map(|fp| {
-                        if !mine(fp) {
-                            return false;
-                        }
-                        match counts.get_mut(&fp) {
-                            Some(c) if *c > 0 => {
-                                *c -= 1;
-                                false
-                            }
-                            _ => true,
-                        }
-                    })
-                    .collect();
+                // a removed row survives unless an identical added row was counted
+                let keep = consume(&mut counts, fps(&b)?, &mine).into_iter().map(|m| m == Some(false)).collect();
                 push_masked(netter, Side::Removed, &b, keep)
             })
             .await?);
+            // an added row survives while its count (what no removed row cancelled) lasts
             let mut keep_counted = |b: &RecordBatch, f: Vec<u128>| -> Result<()> {
-                let keep: Vec<bool> = f
-                    .into_iter()
-                    .map(|fp| {
-                        if !mine(fp) {
-                            return false;
-                        }
-                        match counts.get_mut(&fp) {
-                            Some(c) if *c > 0 => {
-                                *c -= 1;
-                                true
-                            }
-                            _ => false,
-                        }
-                    })
-                    .collect();
+                let keep = consume(&mut counts, f, &mine).into_iter().map(|m| m == Some(true)).collect();
                 push_masked(netter, Side::Added, b, keep)
             };
             match kept.take() {
@@ -519,6 +493,24 @@ fn fingerprints(conv: &RowConverter, batch: &RecordBatch) -> Result<Vec<u128>> {
     let h1 = ahash::RandomState::with_seeds(FP_SEEDS[0], FP_SEEDS[1], FP_SEEDS[2], FP_SEEDS[3]);
     let h2 = ahash::RandomState::with_seeds(FP_SEEDS[4], FP_SEEDS[5], FP_SEEDS[6], FP_SEEDS[7]);
     Ok(rows.iter().map(|r| ((h1.hash_one(r.as_ref()) as u128) << 64) | h2.hash_one(r.as_ref()) as u128).collect())
+}
+
+/// Per fingerprint: None when it belongs to another part, else whether a count was there to use up.
+fn consume(counts: &mut HashMap<u128, u32, FpBuild>, fps: Vec<u128>, mine: &impl Fn(u128) -> bool) -> Vec<Option<bool>> {
+    fps.into_iter()
+        .map(|fp| {
+            if !mine(fp) {
+                return None;
+            }
+            Some(match counts.get_mut(&fp) {
+                Some(c) if *c > 0 => {
+                    *c -= 1;
+                    true
+                }
+                _ => false,
+            })
+        })
+        .collect()
 }
 
 fn push_masked(netter: &mut Netter, side: Side, batch: &RecordBatch, keep: Vec<bool>) -> Result<()> {
