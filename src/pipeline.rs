@@ -56,10 +56,7 @@ pub async fn run_changes(
     let meta = table.metadata();
     let snapshots = lineage::resolve_range(&cfg.source.table, meta, from, to)?;
     // Output in the schema of the range's end, keys resolved there.
-    let out_schema = match snapshots.last().and_then(|s| s.schema_id()).and_then(|id| meta.schema_by_id(id)) {
-        Some(s) => s.clone(),
-        None => meta.current_schema().clone(),
-    };
+    let out_schema = lineage::snapshot_schema(meta, snapshots.last());
     let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
     let scan = ChangelogScan::new(table, &out_schema, key_ids, scan_options(cfg))?;
     let mut writer = make_writer(scan.output_schema())?;
@@ -122,17 +119,6 @@ enum Start {
     After(i64),
 }
 
-fn is_ancestor(meta: &iceberg::spec::TableMetadata, ancestor: i64, of: i64) -> bool {
-    let mut cur = meta.snapshot_by_id(of).cloned();
-    while let Some(s) = cur {
-        if s.snapshot_id() == ancestor {
-            return true;
-        }
-        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
-    }
-    false
-}
-
 fn resolve_bound(table: &str, meta: &iceberg::spec::TableMetadata, b: Bound) -> Result<i64> {
     match b {
         Bound::Snapshot(id) => meta.snapshot_by_id(id).map(|s| s.snapshot_id()).ok_or(Error::SnapshotNotFound { table: table.into(), snapshot: id }),
@@ -159,7 +145,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         summary.seconds = started.elapsed().as_secs_f64();
         return Ok(summary); // a source without snapshots has nothing to copy
     };
-    let out_schema = end.schema_id().and_then(|id| smeta.schema_by_id(id)).cloned().unwrap_or_else(|| smeta.current_schema().clone());
+    let out_schema = lineage::snapshot_schema(smeta, Some(&end));
     let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
     let eq_cols = target::equality_columns(&out_schema, tcfg.equality_columns.as_deref(), &key_ids)?;
     let tcat = Catalog::connect(&tcfg.catalog, "target").await?;
@@ -181,9 +167,9 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         (Some(b), None) => Start::After(resolve_bound(name, smeta, b)?),
         (Some(b), Some(p)) => {
             let a = resolve_bound(name, smeta, b)?;
-            if a == p.source_snapshot_id || is_ancestor(smeta, a, p.source_snapshot_id) {
+            if a == p.source_snapshot_id || lineage::is_ancestor(smeta, a, p.source_snapshot_id) {
                 Start::After(p.source_snapshot_id) // what is already applied is skipped
-            } else if is_ancestor(smeta, p.source_snapshot_id, a) {
+            } else if lineage::is_ancestor(smeta, p.source_snapshot_id, a) {
                 return Err(Error::Range(format!(
                     "gap: the target `{}` is at source snapshot {} but --from starts after {a}; the changes in between would be lost. Run without --from to resume, or use --from-snapshot {}",
                     tcfg.table, p.source_snapshot_id, p.source_snapshot_id

@@ -23,6 +23,7 @@ use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
 use crate::source::files::{self, FileEntry};
 use crate::source::net::{NetStats, Netter, Side};
+use crate::source::lineage;
 use crate::source::reader::{self, EqDeletes};
 
 #[derive(Debug, Clone)]
@@ -97,12 +98,13 @@ impl DeleteCache {
     }
 }
 
-/// The deletes of one state (before or after) that apply to one data file.
+/// The deletes of one state (before or after) that apply to one data file; equality deletes come with the row
+/// converter and column positions for the reading schema, built once per file.
 #[derive(Default)]
 struct StateDeletes {
     exists: bool,
     positions: RoaringTreemap,
-    eq: Vec<Arc<EqDeletes>>,
+    eq: Vec<(Arc<EqDeletes>, RowConverter, Vec<usize>)>,
 }
 
 pub struct ChangelogScan<'a> {
@@ -135,11 +137,7 @@ impl<'a> ChangelogScan<'a> {
         if snapshot.summary().operation == Operation::Replace {
             return Ok(stats);
         }
-        let schema = snapshot
-            .schema_id()
-            .and_then(|id| meta.schema_by_id(id))
-            .cloned()
-            .unwrap_or_else(|| meta.current_schema().clone());
+        let schema = lineage::snapshot_schema(meta, Some(snapshot));
         let data_schema = arrow_schema(&schema)?;
         let schema_id = schema.schema_id();
         let key_idx = self
@@ -402,7 +400,7 @@ impl ChangelogScan<'_> {
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
     pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
-        let schema = snapshot.schema_id().and_then(|id| meta.schema_by_id(id)).cloned().unwrap_or_else(|| meta.current_schema().clone());
+        let schema = lineage::snapshot_schema(meta, Some(snapshot));
         let data_schema = arrow_schema(&schema)?;
         let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
         let mut live: Vec<_> = plan.data_after.values().cloned().collect();
@@ -598,7 +596,8 @@ async fn load_state(file_io: &FileIO, cache: &DeleteCache, data: &FileEntry, exi
                         e
                     }
                 };
-                st.eq.push(e);
+                let (conv, idx) = e.converter(schema)?;
+                st.eq.push((e, conv, idx));
             }
             DataContentType::Data => {}
         }
@@ -617,8 +616,7 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
     } else {
         (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect()
     };
-    for eq in &st.eq {
-        let (conv, idx) = eq.converter(&batch.schema())?;
+    for (eq, conv, idx) in &st.eq {
         let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
         let rows = conv.convert_columns(&cols)?;
         for (i, r) in rows.iter().enumerate() {

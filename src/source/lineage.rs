@@ -11,16 +11,35 @@ pub enum Bound {
     TimestampMs(i64),
 }
 
+/// `id` and its ancestors, newest first; stops at the first parent that was expired.
+pub fn ancestors(meta: &TableMetadata, id: Option<i64>) -> impl Iterator<Item = SnapshotRef> + '_ {
+    let mut cur = id.and_then(|id| meta.snapshot_by_id(id).cloned());
+    std::iter::from_fn(move || {
+        let s = cur.take()?;
+        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
+        Some(s)
+    })
+}
+
+/// Whether `ancestor` is `of` or one of its ancestors.
+pub fn is_ancestor(meta: &TableMetadata, ancestor: i64, of: i64) -> bool {
+    ancestors(meta, Some(of)).any(|s| s.snapshot_id() == ancestor)
+}
+
 /// Main-branch ancestry, oldest first, ending at the current snapshot. Stops at the first parent that was expired.
 pub fn main_lineage(meta: &TableMetadata) -> Vec<SnapshotRef> {
-    let mut out = Vec::new();
-    let mut cur = meta.current_snapshot().cloned();
-    while let Some(s) = cur {
-        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
-        out.push(s);
-    }
+    let mut out: Vec<_> = ancestors(meta, meta.current_snapshot_id()).collect();
     out.reverse();
     out
+}
+
+/// The schema a snapshot was written with (the current one for snapshots that do not say).
+pub fn snapshot_schema(meta: &TableMetadata, snapshot: Option<&SnapshotRef>) -> iceberg::spec::SchemaRef {
+    snapshot
+        .and_then(|s| s.schema_id())
+        .and_then(|id| meta.schema_by_id(id))
+        .cloned()
+        .unwrap_or_else(|| meta.current_schema().clone())
 }
 
 /// Resolves (A exclusive, B inclusive] into the snapshots whose changes are read, oldest first.
@@ -45,12 +64,7 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
         },
     };
     // Ancestry of B, oldest first (B may be off the main branch's head but must be reachable through parents).
-    let mut chain = Vec::new();
-    let mut cur = meta.snapshot_by_id(end_id).cloned();
-    while let Some(s) = cur {
-        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
-        chain.push(s);
-    }
+    let mut chain: Vec<_> = ancestors(meta, Some(end_id)).collect();
     chain.reverse();
     if !lineage.iter().any(|s| s.snapshot_id() == end_id) {
         return Err(Error::Range(format!("snapshot {end_id} is not on the main branch of `{table}`")));
@@ -70,19 +84,7 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
         Some(i) => Ok(chain.split_off(i + 1)),
         None => {
             // Tell "A after B" apart from "A on another line of history".
-            let start_is_descendant = {
-                let mut cur = meta.snapshot_by_id(start).cloned();
-                let mut found = false;
-                while let Some(s) = cur {
-                    if s.snapshot_id() == end_id {
-                        found = true;
-                        break;
-                    }
-                    cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
-                }
-                found
-            };
-            if start_is_descendant {
+            if is_ancestor(meta, end_id, start) {
                 Err(Error::Range(format!(
                     "start snapshot {start} comes after end snapshot {end_id}; swap --from and --to"
                 )))

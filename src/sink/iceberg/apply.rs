@@ -142,8 +142,6 @@ impl CommitWriter {
         if !data_rows.is_empty() {
             let idx = UInt32Array::from(data_rows);
             let b = arrow_select::take::take_record_batch(&rows, &idx)?;
-            let snaps = arrow_select::take::take(&snapshot_ids, &idx, None)?;
-            let snaps = snaps.as_any().downcast_ref::<arrow_array::Int64Array>().expect("int64");
             self.stats.data_rows += b.num_rows() as u64;
             let placements = self.data.write(&b).await?;
             if self.track_positions {
@@ -151,10 +149,9 @@ impl CommitWriter {
                 for p in placements {
                     let cols: Vec<_> = self.key_idx.iter().map(|&i| p.batch.column(i).clone()).collect();
                     let ks = self.keys.convert_columns(&cols)?;
-                    let part = self.partition_of(&p.batch)?;
-                    self.file_partitions.entry(p.path.clone()).or_insert(part);
-                    // snapshot ids: all rows of a change batch come from one snapshot
-                    let snap = snaps.value(0);
+                    self.file_partitions.entry(p.path.clone()).or_insert(p.partition);
+                    // all rows of a change batch come from one snapshot
+                    let snap = snapshot_ids.value(0);
                     for r in 0..p.rows {
                         self.written.entry(ks.row(r).as_ref().into()).or_default().push((p.path.clone(), p.first_pos + r as u64, snap));
                     }
@@ -162,18 +159,6 @@ impl CommitWriter {
             }
         }
         Ok(())
-    }
-
-    fn partition_of(&self, batch: &RecordBatch) -> Result<Option<Struct>> {
-        let spec = self.table.metadata().default_partition_spec();
-        if spec.is_unpartitioned() {
-            return Ok(None);
-        }
-        let splitter = iceberg::arrow::RecordBatchPartitionSplitter::try_new_with_computed_values(
-            self.table.metadata().current_schema().clone(),
-            spec.clone(),
-        )?;
-        Ok(splitter.split(&batch.slice(0, 1))?.into_iter().next().map(|(k, _)| k.data().clone()))
     }
 
     /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::arrow::RecordBatchPartitionSplitter;
-use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, SchemaRef, Struct};
+use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, Struct};
 use iceberg::table::Table;
 use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter, ParquetWriterBuilder};
@@ -37,12 +37,12 @@ pub struct Placement {
     pub first_pos: u64,
     pub rows: usize,
     pub batch: RecordBatch,
+    /// Partition of the file (None when the table is unpartitioned).
+    pub partition: Option<Struct>,
 }
 
 pub struct PartitionedWriter {
     content: Content,
-    /// Schema of the files (the equality columns for deletes).
-    file_schema: SchemaRef,
     spec: PartitionSpecRef,
     splitter: Option<RecordBatchPartitionSplitter>,
     file_io: iceberg::io::FileIO,
@@ -53,7 +53,8 @@ pub struct PartitionedWriter {
     counter: u64,
     open: HashMap<Option<Struct>, Open>,
     done: Vec<DataFile>,
-    projection: Option<Vec<usize>>,
+    /// For delete files: the positions of the equality columns in the table schema, and the files' arrow schema.
+    projection: Option<(Vec<usize>, arrow_schema::SchemaRef)>,
 }
 
 impl PartitionedWriter {
@@ -73,8 +74,9 @@ impl PartitionedWriter {
                     .iter()
                     .map(|id| arrow.fields().iter().position(|f| crate::source::reader::field_id(f) == Some(*id)).unwrap_or(usize::MAX))
                     .collect::<Vec<_>>();
-                let s = iceberg::spec::Schema::builder().with_fields(fields).build()?;
-                (Arc::new(s), Some(idx))
+                let s = Arc::new(iceberg::spec::Schema::builder().with_fields(fields).build()?);
+                let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&s)?);
+                (s, Some((idx, arrow)))
             }
         };
         let splitter = if spec.is_unpartitioned() {
@@ -86,9 +88,8 @@ impl PartitionedWriter {
             .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
             .build();
         Ok(PartitionedWriter {
-            builder: ParquetWriterBuilder::new(props, file_schema.clone()),
+            builder: ParquetWriterBuilder::new(props, file_schema),
             content,
-            file_schema,
             spec,
             splitter,
             file_io: table.file_io().clone(),
@@ -121,14 +122,11 @@ impl PartitionedWriter {
             let o = self.open.get_mut(&slot).expect("just inserted");
             let file_batch = match &self.projection {
                 None => part.clone(),
-                Some(idx) => {
-                    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&self.file_schema)?);
-                    RecordBatch::try_new(arrow, idx.iter().map(|&i| part.column(i).clone()).collect())?
-                }
+                Some((idx, arrow)) => RecordBatch::try_new(arrow.clone(), idx.iter().map(|&i| part.column(i).clone()).collect())?,
             };
             let first_pos = o.writer.current_row_num() as u64;
             o.writer.write(&file_batch).await?;
-            out.push(Placement { path: o.path.clone(), first_pos, rows: part.num_rows(), batch: part });
+            out.push(Placement { path: o.path.clone(), first_pos, rows: part.num_rows(), batch: part, partition: slot.clone() });
             if o.writer.current_written_size() >= self.target_size {
                 let o = self.open.remove(&slot).expect("present");
                 self.close_file(o).await?;
