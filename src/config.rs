@@ -49,6 +49,10 @@ pub struct TargetConfig {
     pub retry_backoff: std::time::Duration,
     #[serde(default = "default_file_size", deserialize_with = "de_bytes")]
     pub target_file_size: u64,
+    /// Keep columns the source dropped (optional, renamed out of the way when a new column takes the name) instead
+    /// of dropping them from the target too.
+    #[serde(default)]
+    pub keep_dropped_columns: bool,
     pub catalog: CatalogConfig,
 }
 
@@ -188,6 +192,42 @@ pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::r
     if errors.is_empty() { Ok(out) } else { Err(errors) }
 }
 
+/// Keys each section takes (catalog sections pass unknown keys on as catalog properties).
+const TOP_KEYS: &[&str] = &["source", "target", "engine"];
+const SOURCE_KEYS: &[&str] = &["table", "key_columns", "catalog"];
+const TARGET_KEYS: &[&str] = &[
+    "table",
+    "mode",
+    "equality_columns",
+    "format_version",
+    "snapshots_per_commit",
+    "commit_retries",
+    "retry_backoff",
+    "target_file_size",
+    "keep_dropped_columns",
+    "catalog",
+];
+const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];
+
+/// Every key no section takes, with the section and the keys it does take.
+fn unknown_keys(value: &toml::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |section: &str, v: Option<&toml::Value>, known: &[&str]| {
+        let Some(table) = v.and_then(toml::Value::as_table) else { return };
+        for k in table.keys() {
+            if !known.contains(&k.as_str()) {
+                let at = if section.is_empty() { k.clone() } else { format!("{section}.{k}") };
+                out.push(format!("unknown key `{at}` (expected one of: {})", known.join(", ")));
+            }
+        }
+    };
+    check("", Some(value), TOP_KEYS);
+    check("source", value.get("source"), SOURCE_KEYS);
+    check("target", value.get("target"), TARGET_KEYS);
+    check("engine", value.get("engine"), ENGINE_KEYS);
+    out
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
@@ -197,6 +237,13 @@ impl Config {
 
     pub fn parse(text: &str) -> Result<Config> {
         let text = expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
+        // serde stops at the first unknown key; list them all first.
+        if let Ok(value) = toml::from_str::<toml::Value>(&text) {
+            let unknown = unknown_keys(&value);
+            if !unknown.is_empty() {
+                return Err(Error::Config(unknown));
+            }
+        }
         let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
         let problems = cfg.validate();
         if problems.is_empty() { Ok(cfg) } else { Err(Error::Config(problems)) }
@@ -317,6 +364,16 @@ mod tests {
         .unwrap_err();
         let Error::Config(p) = err else { panic!("{err}") };
         assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn reports_every_unknown_key() {
+        let err = Config::parse("bogus = 1\n[source]\ntable = \"a.b\"\ntabel = 1\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n[engine]\nmemory = 1\n")
+            .unwrap_err()
+            .to_string();
+        for k in ["`bogus`", "`source.tabel`", "`engine.memory`"] {
+            assert!(err.contains(k), "{k}: {err}");
+        }
     }
 
     #[test]

@@ -11,5 +11,6 @@ pub mod pipeline;
 pub mod quickstart;
 pub mod sink;
 pub mod source;
+pub mod spec;
 
 pub use error::{Error, Result};

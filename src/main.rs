@@ -106,16 +106,31 @@ fn main() -> ExitCode {
         }
     };
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colour only for a terminal: journald and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli.cmd)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.downcast_ref::<Error>().map(Error::exit_code).unwrap_or(exit::INTERNAL);
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             ExitCode::from(code as u8)
         }
     }
+}
+
+/// The error and its causes, each cause once: messages that already quote their source are not repeated.
+fn render(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 async fn run(cmd: Cmd) -> anyhow::Result<()> {

@@ -46,6 +46,13 @@ impl Target {
             }
         }
     }
+    /// Where the output goes, for messages: the final path (not the temporary file), or stdout.
+    fn name(&self) -> String {
+        match self {
+            Target::Stdout(_) => "<stdout>".to_string(),
+            Target::File { path, .. } => path.display().to_string(),
+        }
+    }
     fn writer(&mut self) -> &mut dyn Write {
         match self {
             Target::Stdout(w) => w,
@@ -54,7 +61,7 @@ impl Target {
     }
     fn commit(self) -> Result<()> {
         match self {
-            Target::Stdout(mut w) => w.flush().map_err(Error::from),
+            Target::Stdout(mut w) => w.flush().map_err(|e| Error::Io { path: "<stdout>".into(), message: e.to_string(), retryable: false }),
             Target::File { tmp, path } => {
                 tmp.persist(&path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string(), retryable: false })?;
                 Ok(())
@@ -78,7 +85,10 @@ pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Bo
         Format::Jsonl => Box::new(JsonLines { target, line: String::new() }),
         Format::Parquet => {
             let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap())).build();
-            Box::new(ParquetOut { writer: Some(ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema, Some(props))?) })
+            let path = target.name();
+            let writer = ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema, Some(props))
+                .map_err(|e| output_error(&path, e))?;
+            Box::new(ParquetOut { writer: Some(writer), path })
         }
     })
 }
@@ -103,7 +113,9 @@ impl ChangeWriter for JsonLines {
                 json_value(&mut self.line, batch.column(i).as_ref(), f, row)?;
             }
             self.line.push_str("}\n");
-            self.target.writer().write_all(self.line.as_bytes())?;
+            if let Err(e) = self.target.writer().write_all(self.line.as_bytes()) {
+                return Err(Error::Io { path: self.target.name(), message: e.to_string(), retryable: false });
+            }
         }
         Ok(())
     }
@@ -125,16 +137,25 @@ impl Write for SharedTarget {
 
 struct ParquetOut {
     writer: Option<ArrowWriter<SharedTarget>>,
+    path: String,
+}
+
+/// A failure writing our own output is an I/O error on that output (disk full, permissions), never a bad input.
+fn output_error(path: &str, e: parquet::errors::ParquetError) -> Error {
+    let message = match &e {
+        parquet::errors::ParquetError::External(inner) => inner.to_string(),
+        other => other.to_string(),
+    };
+    Error::Io { path: path.to_string(), message, retryable: false }
 }
 
 impl ChangeWriter for ParquetOut {
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        self.writer.as_mut().expect("not finished").write(batch)?;
-        Ok(())
+        self.writer.as_mut().expect("not finished").write(batch).map_err(|e| output_error(&self.path, e))
     }
     fn finish(mut self: Box<Self>) -> Result<()> {
         let w = self.writer.take().expect("not finished");
-        let shared = w.into_inner()?;
+        let shared = w.into_inner().map_err(|e| output_error(&self.path, e))?;
         let target = std::sync::Arc::try_unwrap(shared.0)
             .map_err(|_| Error::Internal("parquet sink still shared".into()))?
             .into_inner()

@@ -1,4 +1,6 @@
 //! Runs a changelog scan over a range and hands the change rows to a writer.
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use iceberg::table::Table;
@@ -8,7 +10,8 @@ use crate::catalog::Catalog;
 use crate::change::ChangeType;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::sink::iceberg::apply::{CommitStats, CommitWriter};
+use crate::sink::iceberg::apply::{CommitStats, CommitWriter, WriterSpec};
+use crate::sink::iceberg::evolve::{self, EvolveOptions, FieldMap};
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{progress, target};
 use crate::output::{ChangeWriter, WriterSink};
@@ -114,9 +117,14 @@ pub struct CommitReport {
     pub stats: CommitStats,
 }
 
+/// Where a sync starts, decided from the target's recorded progress and the user's `--from`.
 enum Start {
+    /// Copy the source's contents at the end snapshot (the target has no progress and no `--from`).
     Bootstrap,
+    /// Apply the changes after this source snapshot.
     After(i64),
+    /// The target is already at or past the end of the range.
+    Done(i64),
 }
 
 fn resolve_bound(table: &str, meta: &iceberg::spec::TableMetadata, b: Bound) -> Result<i64> {
@@ -131,103 +139,326 @@ fn resolve_bound(table: &str, meta: &iceberg::spec::TableMetadata, b: Bound) -> 
     }
 }
 
+/// What the source side of a sync needs for every plan: the table, the range end, keys by field id.
+struct SyncSource<'a> {
+    cfg: &'a Config,
+    table: Table,
+    uuid: String,
+    end: iceberg::spec::SnapshotRef,
+    key_ids: Vec<i32>,
+    equality_ids: Vec<i32>,
+}
+
+impl SyncSource<'_> {
+    fn name(&self) -> &str {
+        &self.cfg.source.table
+    }
+    fn schema_at(&self, snapshot: &iceberg::spec::SnapshotRef) -> iceberg::spec::SchemaRef {
+        lineage::snapshot_schema(self.table.metadata(), Some(snapshot))
+    }
+    fn snapshot(&self, id: i64) -> Result<iceberg::spec::SnapshotRef> {
+        self.table.metadata().snapshot_by_id(id).cloned().ok_or(Error::SnapshotNotFound { table: self.name().into(), snapshot: id })
+    }
+}
+
+/// Decides where to start from the recorded progress (source snapshot id) and `--from`.
+fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Option<i64>) -> Result<Start> {
+    let meta = src.table.metadata();
+    let name = src.name();
+    let end = src.end.snapshot_id();
+    let on_history = |id: i64| lineage::is_ancestor(meta, id, end);
+    if let Some(a) = from {
+        if a != end && !on_history(a) {
+            return Err(if lineage::is_ancestor(meta, end, a) {
+                Error::Range(format!("--from snapshot {a} is after the end of the range ({end}); the start must be older than the end"))
+            } else {
+                Error::Range(format!(
+                    "--from snapshot {a} is not on the history of snapshot {end} in `{name}` (rolled back, or on another branch); pick a start from `cdc snapshots`"
+                ))
+            });
+        }
+    }
+    let Some(p) = recorded else {
+        return Ok(match from {
+            Some(a) => Start::After(a),
+            None => Start::Bootstrap,
+        });
+    };
+    if meta.snapshot_by_id(p).is_none() {
+        return Err(Error::Range(format!(
+            "the target `{target}` is at source snapshot {p}, which no longer exists in `{name}` (expired); the changes since then cannot be read — drop the target and sync again to copy the source afresh"
+        )));
+    }
+    if p == end || lineage::is_ancestor(meta, end, p) {
+        return Ok(Start::Done(p)); // already at or past the end
+    }
+    if !on_history(p) {
+        return Err(Error::Range(format!(
+            "the target `{target}` is at source snapshot {p}, which is not on the history of {end} in `{name}` (the source was rolled back past it); recreate the target"
+        )));
+    }
+    match from {
+        // what is already applied is skipped
+        Some(a) if a == p || lineage::is_ancestor(meta, a, p) => Ok(Start::After(p)),
+        Some(a) => Err(Error::Range(format!(
+            "gap: the target `{target}` is at source snapshot {p} but --from starts after {a}; the changes in between would be lost. Run without --from to resume, or use --from-snapshot {p}"
+        ))),
+        None => Ok(Start::After(p)),
+    }
+}
+
+/// How one planned commit ended.
+enum Committed {
+    /// The commit landed as this target snapshot.
+    Snapshot(i64, CommitStats),
+    /// Nothing to write (compactions only): the progress moves with the next commit.
+    Empty,
+    /// The target moved under the plan (another applier committed progress, or the schema changed): re-plan.
+    Replan,
+}
+
 /// The applier's one-shot run (the daemon loops over it): replicate the source range into the target as
 /// merge-on-read commits, each recording the source snapshot it brings the target up to.
+///
+/// Exactly once under concurrency: a plan starts from the progress the target records, and each commit requires the
+/// target head (and schema) it was planned on. When another writer moved the target, the commit fails, the target is
+/// reloaded, and if the recorded progress is no longer the plan's start the run re-plans from the new progress —
+/// never re-applying a range and never moving the progress backwards.
 pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
     let started = Instant::now();
     let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
     let (_, source) = load_source(cfg).await?;
     let smeta = source.metadata();
-    let source_uuid = smeta.uuid().to_string();
     let name = &cfg.source.table;
     let mut summary = SyncSummary { source_table: name.clone(), target_table: tcfg.table.clone(), ..Default::default() };
     let Some(end) = lineage::resolve_range(name, smeta, None, to)?.last().cloned() else {
         summary.seconds = started.elapsed().as_secs_f64();
         return Ok(summary); // a source without snapshots has nothing to copy
     };
-    let out_schema = lineage::snapshot_schema(smeta, Some(&end));
-    let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
-    let eq_cols = target::equality_columns(&out_schema, tcfg.equality_columns.as_deref(), &key_ids)?;
-    let tcat = Catalog::connect(&tcfg.catalog, "target").await?;
-    let (mut target, created) = target::ensure(&tcat, &tcfg.table, smeta, &eq_cols, tcfg.format_version).await?;
-    summary.target_created = created;
-    let recorded = progress::read(target.metadata(), &source_uuid);
-
-    let start = match (from, recorded) {
-        (None, None) => Start::Bootstrap,
-        (None, Some(p)) => {
-            if smeta.snapshot_by_id(p.source_snapshot_id).is_none() {
-                return Err(Error::Range(format!(
-                    "the target `{}` is at source snapshot {}, which no longer exists in `{name}` (expired); the changes since then cannot be read — drop the target and sync again to copy the source afresh",
-                    tcfg.table, p.source_snapshot_id
-                )));
-            }
-            Start::After(p.source_snapshot_id)
-        }
-        (Some(b), None) => Start::After(resolve_bound(name, smeta, b)?),
-        (Some(b), Some(p)) => {
-            let a = resolve_bound(name, smeta, b)?;
-            if a == p.source_snapshot_id || lineage::is_ancestor(smeta, a, p.source_snapshot_id) {
-                Start::After(p.source_snapshot_id) // what is already applied is skipped
-            } else if lineage::is_ancestor(smeta, p.source_snapshot_id, a) {
-                return Err(Error::Range(format!(
-                    "gap: the target `{}` is at source snapshot {} but --from starts after {a}; the changes in between would be lost. Run without --from to resume, or use --from-snapshot {}",
-                    tcfg.table, p.source_snapshot_id, p.source_snapshot_id
-                )));
-            } else {
-                return Err(Error::Range(format!(
-                    "the target `{}` is at source snapshot {}, which is not on the history of {a} in `{name}`",
-                    tcfg.table, p.source_snapshot_id
-                )));
-            }
-        }
+    let from_id = from.map(|b| resolve_bound(name, smeta, b)).transpose()?;
+    // Keys are named as the user sees the table (its current schema, else the range end's); ids from then on.
+    let names_schema = if cfg.source.key_columns.iter().flatten().chain(tcfg.equality_columns.iter().flatten()).all(|n| smeta.current_schema().field_by_name(n).is_some()) {
+        smeta.current_schema().clone()
+    } else {
+        lineage::snapshot_schema(smeta, Some(&end))
     };
-    let scan = ChangelogScan::new(&source, &out_schema, key_ids, scan_options(cfg))?;
-    let size = tcfg.target_file_size;
-    let props = |s: &iceberg::spec::SnapshotRef| progress::properties(&source_uuid, name, s.snapshot_id(), s.sequence_number());
+    let key_ids = changelog::resolve_key(&names_schema, cfg.source.key_columns.as_deref())?;
+    let equality_ids = target::equality_ids(&names_schema, tcfg.equality_columns.as_deref(), &key_ids)?;
+    let src = SyncSource { cfg, uuid: smeta.uuid().to_string(), table: source.clone(), end, key_ids, equality_ids };
+    let tcat = Catalog::connect(&tcfg.catalog, "target").await?;
+    // One scan for the run: its delete cache serves every commit.
+    let mut scan = ChangelogScan::new(&source, &lineage::snapshot_schema(smeta, Some(&src.end)), src.key_ids.clone(), scan_options(cfg))?;
 
-    match start {
-        Start::Bootstrap => {
-            let has_rows = target.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
-            if has_rows.as_deref().is_some_and(|n| n != "0") {
-                return Err(Error::Range(format!(
-                    "the target `{}` already holds rows but has no progress for `{name}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
-                    tcfg.table
-                )));
+    let mut replans = 0u32;
+    'plan: loop {
+        let existing = match tcat.load_table(&tcfg.table).await {
+            Ok(t) => Some(t),
+            Err(Error::TableNotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let recorded = existing.as_ref().and_then(|t| progress::read(t.metadata(), &src.uuid)).map(|p| p.source_snapshot_id);
+        let start = decide_start(&src, &tcfg.table, from_id, recorded)?;
+        let first_schema = match start {
+            Start::Done(p) => {
+                if replans == 0 && p != src.end.snapshot_id() {
+                    tracing::info!(target_progress = p, end = src.end.snapshot_id(), "the target is already past the end of the range; nothing to do");
+                }
+                summary.source_snapshot_id = Some(p);
+                break 'plan;
             }
-            let mut w = CommitWriter::new(&target, &eq_cols, size, true, false)?;
-            scan.scan_contents(&end, &mut w).await?;
-            let (data, dels, stats) = w.finish().await?;
-            let id = commit_with_retry(&tcat, &mut target, tcfg, data, dels, props(&end), &source_uuid, end.sequence_number()).await?;
-            summary.bootstrap = true;
-            record(&mut summary, std::slice::from_ref(&end), id, stats, &mut on_commit);
+            Start::Bootstrap => src.schema_at(&src.end),
+            Start::After(a) => src.schema_at(&src.snapshot(a)?),
+        };
+        let t = target::ensure(&tcat, &tcfg.table, smeta, &first_schema, &src.key_ids, tcfg.format_version).await?;
+        summary.target_created |= t.created;
+        let (mut table, mut map) = (t.table, t.map);
+        // Re-check on the table we will commit on: it may have changed since the load above.
+        if progress::read(table.metadata(), &src.uuid).map(|p| p.source_snapshot_id) != recorded {
+            replans += 1;
+            continue 'plan;
         }
-        Start::After(a) => {
-            let snapshots = lineage::resolve_range(name, smeta, Some(Bound::Snapshot(a)), Some(Bound::Snapshot(end.snapshot_id())))?;
-            let chunks: Vec<_> = snapshots.chunks(tcfg.snapshots_per_commit).collect();
-            let mut pending: Vec<iceberg::spec::SnapshotRef> = Vec::new();
-            for (i, chunk) in chunks.iter().enumerate() {
-                let mut w = CommitWriter::new(&target, &eq_cols, size, false, chunk.len() > 1)?;
-                for (ordinal, s) in chunk.iter().enumerate() {
-                    scan.scan_snapshot(s, ordinal as i32, &mut w).await?;
+        let outcome = match start {
+            Start::Bootstrap => {
+                let has_rows = table.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
+                if has_rows.as_deref().is_some_and(|n| n != "0") {
+                    return Err(Error::Range(format!(
+                        "the target `{}` already holds rows but has no progress for `{name}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
+                        tcfg.table
+                    )));
                 }
-                pending.extend(chunk.iter().cloned());
-                let (data, dels, stats) = w.finish().await?;
-                let last = chunk.last().expect("chunks are not empty");
-                // Snapshots without changes (compactions) move the progress with the next commit; the last one
-                // commits anyway so the recorded progress reaches the end of the range.
-                if data.is_empty() && dels.is_empty() && i + 1 < chunks.len() {
-                    continue;
+                let chunk = [src.end.clone()];
+                let c = commit_chunk(&src, &mut scan, tcfg, &tcat, &mut table, &mut map, &chunk, None, true).await?;
+                summary.bootstrap |= matches!(c, Committed::Snapshot(..));
+                match c {
+                    Committed::Snapshot(id, stats) => {
+                        record(&mut summary, &chunk, Some(id), stats, &mut on_commit);
+                        None
+                    }
+                    Committed::Empty => None,
+                    Committed::Replan => Some(()),
                 }
-                let id = commit_with_retry(&tcat, &mut target, tcfg, data, dels, props(last), &source_uuid, last.sequence_number()).await?;
-                record(&mut summary, &pending, id, stats, &mut on_commit);
-                pending.clear();
+            }
+            Start::After(a) => {
+                let snapshots = lineage::resolve_range(name, smeta, Some(Bound::Snapshot(a)), Some(Bound::Snapshot(src.end.snapshot_id())))?;
+                let chunks: Vec<_> = snapshots.chunks(tcfg.snapshots_per_commit).collect();
+                let mut pending: Vec<iceberg::spec::SnapshotRef> = Vec::new();
+                let mut base = a;
+                let mut replan = None;
+                for (i, chunk) in chunks.iter().enumerate() {
+                    pending.extend(chunk.iter().cloned());
+                    // Snapshots without changes (compactions) move the progress with the next commit; the last chunk
+                    // commits anyway so the recorded progress reaches the end of the range.
+                    let must_commit = i + 1 == chunks.len();
+                    match commit_chunk(&src, &mut scan, tcfg, &tcat, &mut table, &mut map, chunk, Some(base), must_commit).await? {
+                        Committed::Snapshot(id, stats) => {
+                            record(&mut summary, &pending, Some(id), stats, &mut on_commit);
+                            pending.clear();
+                            base = chunk.last().expect("chunks are not empty").snapshot_id();
+                        }
+                        Committed::Empty => {}
+                        Committed::Replan => {
+                            replan = Some(());
+                            break;
+                        }
+                    }
+                }
+                replan
+            }
+            Start::Done(_) => unreachable!("handled above"),
+        };
+        if outcome.is_none() {
+            summary.source_snapshot_id = progress::read(table.metadata(), &src.uuid).map(|p| p.source_snapshot_id);
+            break;
+        }
+        replans += 1;
+        if replans > MAX_REPLANS {
+            return Err(Error::Conflict {
+                table: tcfg.table.clone(),
+                message: format!("the target kept moving under {MAX_REPLANS} plans; is another applier syncing it in a loop?"),
+            });
+        }
+        tracing::info!(replans, "another writer moved the target's progress; planning again from what it recorded");
+    }
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// Re-plans allowed in one run: each follows another writer's progress, so this only stops a livelock.
+const MAX_REPLANS: u32 = 100;
+
+/// Reads the changes of `chunk` (or, `base == None`, the contents of its snapshot: the bootstrap copy), evolves the
+/// target schema to the chunk's source schema, writes the files and commits them with the progress of the chunk's
+/// last snapshot — valid only while the target records `base` and has the schema the plan used.
+#[allow(clippy::too_many_arguments)]
+async fn commit_chunk(
+    src: &SyncSource<'_>,
+    scan: &mut ChangelogScan<'_>,
+    tcfg: &crate::config::TargetConfig,
+    catalog: &Catalog,
+    target: &mut Table,
+    map: &mut FieldMap,
+    chunk: &[iceberg::spec::SnapshotRef],
+    base: Option<i64>,
+    must_commit: bool,
+) -> Result<Committed> {
+    let last = chunk.last().expect("chunks are not empty");
+    let bootstrap = base.is_none();
+    let schema = src.schema_at(last);
+    let tmeta = target.metadata();
+    let pinned: HashSet<i32> = tmeta.default_partition_spec().fields().iter().map(|f| f.source_id).collect();
+    let opts = EvolveOptions { keep_dropped_columns: tcfg.keep_dropped_columns };
+    let evo = evolve::evolve(tmeta.current_schema(), tmeta.last_column_id(), map, &schema, &src.key_ids, last.snapshot_id(), &pinned, opts)?;
+    if !evo.changes.is_empty() {
+        tracing::info!(source_snapshot = last.snapshot_id(), changes = %evo.changes.join("; "), "target schema follows the source");
+    }
+    let equality_ids = src
+        .equality_ids
+        .iter()
+        .map(|id| evo.map.target_of(*id).ok_or_else(|| Error::Schema(format!("equality column (source field id {id}) has no target column"))))
+        .collect::<Result<Vec<_>>>()?;
+    let write_schema = Arc::new(evo.schema.clone());
+    let spec = WriterSpec {
+        schema: write_schema,
+        map: &evo.map,
+        equality_ids,
+        target_file_size: tcfg.target_file_size,
+        bootstrap,
+        multi_snapshot: chunk.len() > 1,
+    };
+    let mut w = CommitWriter::new(target, spec)?;
+    scan.set_output(&schema)?;
+    let scanned: Result<()> = async {
+        if bootstrap {
+            scan.scan_contents(last, &mut w).await?;
+        } else {
+            for (ordinal, s) in chunk.iter().enumerate() {
+                scan.scan_snapshot(s, ordinal as i32, &mut w).await?;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = scanned {
+        delete_files(target, w.abort()).await;
+        return Err(e);
+    }
+    let (data, dels, stats) = w.finish().await?;
+    let map_recorded = FieldMap::read(tmeta, &src.uuid).ok().flatten().as_ref() == Some(&evo.map);
+    if data.is_empty() && dels.is_empty() && !evo.changed && map_recorded && !must_commit {
+        return Ok(Committed::Empty);
+    }
+    let files: Vec<String> = data.iter().chain(&dels).map(|f| f.file_path().to_string()).collect();
+    let props = progress::properties(&src.uuid, src.name(), last.snapshot_id(), last.sequence_number());
+    let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&src.uuid), evo.map.to_property())]) };
+    let planned_schema = tmeta.current_schema_id();
+    let mut attempt = 0u32;
+    test_pause_before_commit();
+    loop {
+        let mut delta = RowDelta::new()
+            .add_data_files(data.iter().cloned())
+            .add_delete_files(dels.iter().cloned())
+            .set_snapshot_properties(props.clone())
+            .set_table_properties(table_props.clone());
+        if evo.changed {
+            delta = delta.set_schema(evo.schema.clone());
+        }
+        let prepared = delta.prepare(target).await?;
+        match catalog.commit(target, prepared.requirements, prepared.updates).await {
+            Ok(t) => {
+                *target = t;
+                *map = evo.map;
+                return Ok(Committed::Snapshot(prepared.snapshot_id, stats));
+            }
+            Err(e) if e.is_retryable() && attempt + 1 < tcfg.commit_retries => {
+                attempt += 1;
+                let base_ms = tcfg.retry_backoff.as_millis() as u64 * (1u64 << attempt.min(10));
+                let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % (base_ms / 2 + 1);
+                tracing::warn!(error = %e, attempt, "target commit failed, retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(base_ms / 2 + jitter)).await;
+                *target = catalog.load_table(&tcfg.table).await?;
+                let now = progress::read(target.metadata(), &src.uuid).map(|p| p.source_snapshot_id);
+                if now != base || target.metadata().current_schema_id() != planned_schema {
+                    tracing::warn!(planned_from = ?base, recorded = ?now, "another writer moved the target's progress or schema; discarding this commit's files");
+                    delete_files(target, files).await;
+                    return Ok(Committed::Replan);
+                }
+                // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
+            }
+            Err(e) => {
+                delete_files(target, files).await;
+                return Err(e);
             }
         }
     }
-    summary.source_snapshot_id = progress::read(target.metadata(), &source_uuid).map(|p| p.source_snapshot_id);
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+}
+
+/// Removes files a commit wrote but will never reference (best effort: an orphan is harmless, only wasted space).
+async fn delete_files(table: &Table, paths: Vec<String>) {
+    for p in paths {
+        if let Err(e) = table.file_io().delete(&p).await {
+            tracing::debug!(path = %p, error = %e, "could not remove an unreferenced file");
+        }
+    }
 }
 
 fn record(summary: &mut SyncSummary, snaps: &[iceberg::spec::SnapshotRef], id: Option<i64>, stats: CommitStats, on_commit: &mut impl FnMut(&CommitReport)) {
@@ -245,53 +476,6 @@ fn record(summary: &mut SyncSummary, snaps: &[iceberg::spec::SnapshotRef], id: O
         target_snapshot_id: id,
         stats,
     });
-}
-
-/// Commits with optimistic concurrency. On a conflict or a transient failure: back off (exponential, jittered),
-/// reload the target, re-check that nobody applied this range meanwhile, and try again with the same files.
-/// Returns the new target snapshot, or None when the range turned out to be applied already.
-#[allow(clippy::too_many_arguments)]
-async fn commit_with_retry(
-    catalog: &Catalog,
-    target: &mut Table,
-    tcfg: &crate::config::TargetConfig,
-    data: Vec<iceberg::spec::DataFile>,
-    dels: Vec<iceberg::spec::DataFile>,
-    props: std::collections::HashMap<String, String>,
-    source_uuid: &str,
-    source_seq: i64,
-) -> Result<Option<i64>> {
-    let mut attempt = 0u32;
-    test_pause_before_commit();
-    loop {
-        let prepared = RowDelta::new()
-            .add_data_files(data.iter().cloned())
-            .add_delete_files(dels.iter().cloned())
-            .set_snapshot_properties(props.clone())
-            .prepare(target)
-            .await?;
-        match catalog.commit(target, prepared.requirements, prepared.updates).await {
-            Ok(t) => {
-                *target = t;
-                return Ok(Some(prepared.snapshot_id));
-            }
-            Err(e) if e.is_retryable() && attempt + 1 < tcfg.commit_retries => {
-                attempt += 1;
-                let base = tcfg.retry_backoff.as_millis() as u64 * (1u64 << attempt.min(10));
-                let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % (base / 2 + 1);
-                tracing::warn!(error = %e, attempt, "target commit failed, retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(base / 2 + jitter)).await;
-                *target = catalog.load_table(&tcfg.table).await?;
-                if let Some(p) = progress::read(target.metadata(), source_uuid) {
-                    if p.source_sequence_number >= source_seq {
-                        tracing::warn!(target_snapshot = p.target_snapshot_id, "another writer already applied this range; skipping");
-                        return Ok(None);
-                    }
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// Test hook: with `CDC_TEST_PAUSE_BEFORE_COMMIT=<dir>` the first commit of the process waits, after its files are

@@ -317,13 +317,14 @@ async fn sync_bad_input_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (_c, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("target");
-    // an existing target that lacks a column and has a narrower type
+    // an existing target whose key has an incompatible type and which has a required column the source lacks
     let tcfg = Config::parse(&sync_config(&wh, "replica.bad", &tw, "")).unwrap().target.unwrap();
     let tcat = Catalog::connect(&tcfg.catalog, "target").await.unwrap();
     let schema = iceberg::spec::Schema::builder()
         .with_fields(vec![
-            iceberg::spec::NestedField::required(1, "id", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::Int)).into(),
+            iceberg::spec::NestedField::required(1, "id", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::String)).into(),
             iceberg::spec::NestedField::optional(2, "customer", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::String)).into(),
+            iceberg::spec::NestedField::required(3, "must", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::String)).into(),
         ])
         .build()
         .unwrap();
@@ -333,7 +334,7 @@ async fn sync_bad_input_commits_nothing() {
     let out = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), exit::SCHEMA, "{err}");
-    assert!(err.contains("`id` is long in the source but int") && err.contains("no column `amount`") && err.contains("no column `updated_at`"), "{err}");
+    assert!(err.contains("`id` is long in source snapshot") && err.contains("`must` is required"), "{err}");
     assert_eq!(target_snapshot_count(&tw, "replica.bad"), 0);
 
     // equality columns that do not exist
@@ -373,4 +374,167 @@ async fn sync_bad_input_commits_nothing() {
     let out = cdc(&["sync", "--config", config(dir.path(), &sql_config(&wh, "", "")).to_str().unwrap()]);
     assert_eq!(code(&out), exit::CONFIG);
     assert_eq!(iceberg_cdc::source::lineage::main_lineage(table.metadata()).len(), 4, "the source is untouched");
+}
+
+fn progress_history(target_wh: &Path, table: &str) -> Vec<i64> {
+    // `cdc snapshots --json` on the target: the recorded source snapshot of every target snapshot, oldest first
+    let body = format!("[source]\ntable = \"{table}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display());
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(cdc(&["snapshots", "--config", config(dir.path(), &body).to_str().unwrap(), "--json"]));
+    out.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["summary"]["cdc.source-snapshot-id"].as_str()?.parse().ok())
+        .collect()
+}
+
+/// The sequence numbers of `ids` in the source, to check that recorded progress never goes backwards.
+fn sequence_of(table: &Table, ids: &[i64]) -> Vec<i64> {
+    ids.iter().map(|id| table.metadata().snapshot_by_id(*id).unwrap().sequence_number()).collect()
+}
+
+async fn assert_target_equals_source(cfg: &Path, table: &Table, target: &str) {
+    let tcat = Catalog::connect(&Config::load(cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let t = tcat.load_table(target).await.unwrap();
+    let progress = iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &table.metadata().uuid().to_string()).unwrap();
+    let mut want = scan_rows(table, Some(progress.source_snapshot_id)).await;
+    let mut got = scan_rows(&t, t.metadata().current_snapshot_id()).await;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "target differs from the source at its recorded progress");
+}
+
+/// Issue 11's deterministic sequence: sync to snapshot 1; a second sync to snapshot 3 pauses before its first
+/// commit; a third syncs to the end; the paused one resumes. It must not apply anything again, and the progress
+/// must never move backwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_applier_replans_instead_of_reapplying() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    // more history: three more commits
+    let mut t = table.clone();
+    for i in 0..3i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(100 + i, "later", 1000 + i as i128), (1, "changed-again", 7 + i as i128)], &[2 + i]).await.unwrap();
+    }
+    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    let tw = dir.path().join("target");
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.paused", &tw, ""));
+    let cfg_s = cfg.to_str().unwrap();
+    ok(cdc(&["sync", "--config", cfg_s, "--to-snapshot", &ids[1]]));
+    let pause = dir.path().join("pause");
+    std::fs::create_dir(&pause).unwrap();
+    let paused = Command::new(CDC)
+        .args(["sync", "--config", cfg_s, "--to-snapshot", &ids[3]])
+        .env("CDC_TEST_PAUSE_BEFORE_COMMIT", &pause)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if pause.join("paused").exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(pause.join("paused").exists(), "the second sync never reached its commit");
+    ok(cdc(&["sync", "--config", cfg_s]));
+    std::fs::write(pause.join("resume"), b"").unwrap();
+    let out = paused.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let history = progress_history(&tw, "replica.paused");
+    let last: i64 = ids.last().unwrap().parse().unwrap();
+    assert_eq!(*history.last().unwrap(), last, "progress ends at the newest source snapshot: {history:?}");
+    let seqs = sequence_of(&t, &history);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "progress must only move forward, each range once: {history:?}");
+    assert_target_equals_source(&cfg, &t, "replica.paused").await;
+}
+
+/// Several appliers started together on one target (hadoop and sqlite catalogs; the REST catalog is in the peer
+/// tests), each to another end snapshot, and twice in a row: the target ends equal to the source at its recorded
+/// progress, with every range applied once.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_appliers_never_reapply_or_go_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..6i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(200 + i, "more", 10 + i as i128), (1 + (i % 3), "upd", 20 + i as i128)], &[100 + i]).await.unwrap();
+    }
+    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    for (kind, trials) in [("hadoop", 4), ("sql", 4)] {
+        for trial in 0..trials {
+            let tw = dir.path().join(format!("target-{kind}-{trial}"));
+            let mut body = sync_config(&wh, "replica.race", &tw, "commit_retries = 50\nretry_backoff = \"20ms\"");
+            if kind == "sql" {
+                body = body.replace("type = \"hadoop\"", "type = \"sql\"");
+            }
+            let cfg = config(dir.path(), &body);
+            let cfg_s = cfg.to_str().unwrap();
+            if trial % 2 == 1 {
+                // an existing target at some snapshot
+                ok(cdc(&["sync", "--config", cfg_s, "--to-snapshot", &ids[2]]));
+            }
+            let n = 2 + trial % 3;
+            let procs: Vec<_> = (0..n)
+                .map(|k| {
+                    let end = &ids[ids.len() - 1 - (k * 2) % 4];
+                    Command::new(CDC)
+                        .args(["sync", "--config", cfg_s, "--to-snapshot", end])
+                        .stdout(std::process::Stdio::piped())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            for p in procs {
+                let out = p.wait_with_output().unwrap();
+                assert!(out.status.success(), "{kind} trial {trial}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            if kind == "hadoop" {
+                let history = progress_history(&tw, "replica.race");
+                let seqs = sequence_of(&t, &history);
+                assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{kind} trial {trial}: progress went backwards or repeated: {history:?}");
+            }
+            assert_target_equals_source(&cfg, &t, "replica.race").await;
+        }
+    }
+}
+
+/// A full disk under the target or the output: the I/O exit code, the path, the cause once, nothing committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn disk_full_names_the_file_and_exits_with_the_io_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, _table, wh) = quickstart_table(dir.path()).await;
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=12k", "tmpfs"]).arg(&full).status().unwrap();
+    assert!(mounted.success(), "this test mounts a small tmpfs (run as root)");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(full.clone());
+    // a filler leaves almost no room
+    let _ = std::fs::write(full.join("filler"), vec![0u8; 8 * 1024]);
+
+    let tw = full.join("target");
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.full", &tw, ""));
+    let out = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::IO, "{err}");
+    assert!(err.contains(full.to_str().unwrap()), "the message names the file: {err}");
+    assert_eq!(err.matches("No space left on device").count(), 1, "the cause once: {err}");
+
+    // now fill the disk completely
+    let _ = std::fs::write(full.join("filler2"), vec![0u8; 64 * 1024]);
+    for (format, name) in [("parquet", "x.parquet"), ("jsonl", "x.jsonl")] {
+        let qcfg = config(dir.path(), &sql_config(&wh, "", ""));
+        let target = full.join(name);
+        let out = cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--format", format, "--output", target.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), exit::IO, "{format}: {err}");
+        assert!(err.contains(full.to_str().unwrap()), "{format}: the message names where: {err}");
+        assert!(!target.exists(), "{format}: no partial output");
+    }
 }

@@ -158,7 +158,12 @@ impl Catalog {
 
     async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
         if !c.namespace_exists(ns).await? {
-            c.create_namespace(ns, HashMap::new()).await?;
+            if let Err(e) = c.create_namespace(ns, HashMap::new()).await {
+                // another writer may have created it meanwhile; only a namespace that still is missing is an error
+                if !c.namespace_exists(ns).await.unwrap_or(false) {
+                    return Err(e.into());
+                }
+            }
         }
         Ok(c.create_table(ns, creation).await?)
     }

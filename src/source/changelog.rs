@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use iceberg::io::FileIO;
 use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotRef, Type};
 use iceberg::table::Table;
-use arrow_row::{RowConverter, SortField};
+use arrow_row::RowConverter;
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
@@ -25,6 +25,7 @@ use crate::source::files::{self, FileEntry};
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::lineage;
 use crate::source::reader::{self, EqDeletes};
+use crate::spec::rowenc;
 
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
@@ -62,7 +63,13 @@ pub fn resolve_key(schema: &Schema, configured: Option<&[String]>) -> Result<Vec
                 })
             })
             .collect::<Result<_>>()?,
-        None => schema.identifier_field_ids().collect(),
+        // Identifier fields are a set: order them as the schema does, so every run sorts keys alike.
+        None => {
+            let mut ids: Vec<i32> = schema.identifier_field_ids().collect();
+            let order = schema_order(schema);
+            ids.sort_by_key(|id| order.iter().position(|o| o == id).unwrap_or(usize::MAX));
+            ids
+        }
     };
     for id in &ids {
         let f = schema.field_by_id(*id).ok_or_else(|| Error::Key(format!("field id {id} not in schema")))?;
@@ -75,6 +82,21 @@ pub fn resolve_key(schema: &Schema, configured: Option<&[String]>) -> Result<Vec
         }
     }
     Ok(ids)
+}
+
+/// Every field id of `schema`, depth first in column order.
+pub fn schema_order(schema: &Schema) -> Vec<i32> {
+    fn walk(fields: &[iceberg::spec::NestedFieldRef], out: &mut Vec<i32>) {
+        for f in fields {
+            out.push(f.id);
+            if let Type::Struct(s) = f.field_type.as_ref() {
+                walk(s.fields(), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(schema.as_struct().fields(), &mut out);
+    out
 }
 
 pub fn arrow_schema(schema: &Schema) -> Result<SchemaRef> {
@@ -119,6 +141,13 @@ impl<'a> ChangelogScan<'a> {
     /// `output`: the Iceberg schema change rows are written in (the end snapshot's).
     pub fn new(table: &'a Table, output: &Schema, key_ids: Vec<i32>, opts: ScanOptions) -> Result<Self> {
         Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&arrow_schema(output)?), opts, cache: Default::default() })
+    }
+
+    /// Changes the schema change rows are written in (a sync reads each commit's snapshots in the schema of its
+    /// last one); the delete cache is kept.
+    pub fn set_output(&mut self, output: &Schema) -> Result<()> {
+        self.out_schema = change::change_schema(&arrow_schema(output)?);
+        Ok(())
     }
 
     pub fn output_schema(&self) -> SchemaRef {
@@ -328,7 +357,7 @@ impl ChangelogScan<'_> {
         let removers: Vec<FileJob> = jobs.iter().filter(|j| j.can_remove()).cloned().collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
         let parts = (added_upper * 48).div_ceil((self.opts.memory_budget / 2).max(1)).max(1);
-        let conv = RowConverter::new(schema.fields().iter().map(|f| SortField::new(f.data_type().clone())).collect())?;
+        let conv = rowenc::converter(schema.fields().iter().map(|f| f.data_type().clone()))?;
         let mut totals = (0u64, 0u64, 0u64);
         let mut add = |t: (u64, u64, u64)| {
             totals.0 += t.0;
@@ -487,7 +516,7 @@ type FpBuild = std::hash::BuildHasherDefault<FpHasher>;
 
 /// 128-bit fingerprints of whole rows (two independent 64-bit hashes of the row encoding).
 fn fingerprints(conv: &RowConverter, batch: &RecordBatch) -> Result<Vec<u128>> {
-    let rows = conv.convert_columns(batch.columns())?;
+    let rows = rowenc::convert(conv, batch.columns())?;
     let h1 = ahash::RandomState::with_seeds(FP_SEEDS[0], FP_SEEDS[1], FP_SEEDS[2], FP_SEEDS[3]);
     let h2 = ahash::RandomState::with_seeds(FP_SEEDS[4], FP_SEEDS[5], FP_SEEDS[6], FP_SEEDS[7]);
     Ok(rows.iter().map(|r| ((h1.hash_one(r.as_ref()) as u128) << 64) | h2.hash_one(r.as_ref()) as u128).collect())
@@ -676,7 +705,7 @@ mod fp_tests {
     fn fingerprints_spread_and_the_map_stays_fast() {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
         let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..200_000))]).unwrap();
-        let conv = RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap();
+        let conv = RowConverter::new(vec![arrow_row::SortField::new(DataType::Int64)]).unwrap();
         let fps = fingerprints(&conv, &b).unwrap();
         // both halves must spread: the map indexes by the low half, the high half guards against collisions
         let low: std::collections::HashSet<u64> = fps.iter().map(|f| *f as u64).collect();

@@ -83,8 +83,9 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
     match chain.iter().position(|s| s.snapshot_id() == start) {
         Some(i) => Ok(chain.split_off(i + 1)),
         None => {
-            // Tell "A after B" apart from "A on another line of history".
-            if is_ancestor(meta, end_id, start) {
+            // Tell "A after B" apart from "A on another line of history" (rolled back, another branch).
+            let on_main = lineage.iter().any(|s| s.snapshot_id() == start);
+            if on_main && is_ancestor(meta, end_id, start) {
                 Err(Error::Range(format!(
                     "start snapshot {start} comes after end snapshot {end_id}; swap --from and --to"
                 )))

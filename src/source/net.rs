@@ -13,7 +13,9 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, StringArray, UInt32Array};
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
-use arrow_row::{RowConverter, Rows, SortField};
+use arrow_row::{RowConverter, Rows};
+
+use crate::spec::rowenc;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::change::ChangeType;
@@ -62,9 +64,9 @@ impl Netter {
     pub fn new(data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, spill_dir: &Path) -> Result<Self> {
         let all: Vec<usize> = (0..data_schema.fields().len()).collect();
         let key_idx = if key_idx.is_empty() { all.clone() } else { key_idx };
-        let field = |i: &usize| SortField::new(data_schema.field(*i).data_type().clone());
-        let key_conv = RowConverter::new(key_idx.iter().map(field).collect())?;
-        let full_conv = RowConverter::new(all.iter().map(field).collect())?;
+        let ty = |i: &usize| data_schema.field(*i).data_type().clone();
+        let key_conv = rowenc::converter(key_idx.iter().map(ty))?;
+        let full_conv = rowenc::converter(all.iter().map(ty))?;
         let mut fields: Vec<Field> = data_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(SIDE_COL, DataType::Int8, false));
         let sided_schema = Arc::new(Schema::new(fields));
@@ -242,8 +244,8 @@ impl Encoded {
     fn new(n: &Netter, batch: RecordBatch) -> Result<Self> {
         let ncols = n.data_schema.fields().len();
         let key_cols: Vec<ArrayRef> = n.key_idx.iter().map(|&i| batch.column(i).clone()).collect();
-        let key = n.key_conv.convert_columns(&key_cols)?;
-        let full = n.full_conv.convert_columns(&batch.columns()[..ncols])?;
+        let key = rowenc::convert(&n.key_conv, &key_cols)?;
+        let full = rowenc::convert(&n.full_conv, &batch.columns()[..ncols])?;
         let side = batch.column(ncols).as_any().downcast_ref::<Int8Array>().unwrap().clone();
         Ok(Encoded { batch, key, full, side })
     }

@@ -6,28 +6,27 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow_array::{new_null_array, Array, ArrayRef, Int64Array, RecordBatch, RecordBatchOptions, StringArray};
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_row::{RowConverter, SortField};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_schema::{Schema, SchemaRef};
 use futures::{Stream, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileIO;
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
-use parquet::arrow::{ProjectionMask, PARQUET_FIELD_ID_META_KEY};
+use parquet::arrow::ProjectionMask;
 use roaring::RoaringTreemap;
 
 use crate::error::{Error, Result};
 use crate::source::dv;
 use crate::source::files::FileEntry;
+use crate::spec::projection;
 
 pub const BATCH_SIZE: usize = 8192;
 /// Reserved field ids of position-delete files (Iceberg spec).
 pub const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
 pub const POS_DELETE_POS_ID: i32 = 2147483545;
 
-pub fn field_id(f: &Field) -> Option<i32> {
-    f.metadata().get(PARQUET_FIELD_ID_META_KEY).and_then(|v| v.parse().ok())
-}
+pub use crate::spec::projection::field_id;
 
 async fn open(file_io: &FileIO, path: &str) -> Result<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
@@ -79,40 +78,11 @@ pub async fn read_data_file(
     }))
 }
 
-/// Projects `batch` onto `target` by field id (falling back to names), casting promoted types, nulls for the rest.
+/// Projects `batch` onto `target` by field id at every nesting level (names only for files without ids), casting
+/// promoted types, nulls for the rest. Top-level columns come back nullable.
 pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
-    let src = batch.schema();
-    let mut by_id = HashMap::new();
-    let mut by_name = HashMap::new();
-    for (i, f) in src.fields().iter().enumerate() {
-        if let Some(id) = field_id(f) {
-            by_id.insert(id, i);
-        } else {
-            by_name.insert(f.name().as_str(), i);
-        }
-    }
-    let cols = target
-        .fields()
-        .iter()
-        .map(|f| {
-            let idx = field_id(f).and_then(|id| by_id.get(&id)).or_else(|| by_name.get(f.name().as_str()));
-            match idx {
-                Some(&i) => {
-                    let c = batch.column(i);
-                    if c.data_type() == f.data_type() {
-                        Ok(c.clone())
-                    } else {
-                        arrow_cast::cast(c, f.data_type())
-                            .map_err(|e| Error::Schema(format!("column `{}`: cannot read {} as {}: {e}", f.name(), c.data_type(), f.data_type())))
-                    }
-                }
-                None => Ok(new_null_array(f.data_type(), batch.num_rows())),
-            }
-        })
-        .collect::<Result<Vec<ArrayRef>>>()?;
     // The target may declare a column required that older files lack; we are reading, not validating.
-    let relaxed = relax(target);
-    Ok(RecordBatch::try_new_with_options(relaxed, cols, &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())))?)
+    projection::project_batch(batch, &relax(target), &Some)
 }
 
 /// The same schema with every top-level field nullable.

@@ -20,6 +20,7 @@ use roaring::RoaringTreemap;
 use crate::change::{self, ChangeType};
 use crate::error::{Error, Result};
 use crate::sink::iceberg::deletes::{self, Partition};
+use crate::sink::iceberg::evolve::FieldMap;
 use crate::sink::iceberg::files::{Content, PartitionedWriter};
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -39,7 +40,10 @@ type Written = (Arc<str>, u64, i64);
 
 pub struct CommitWriter {
     table: Table,
+    schema: iceberg::spec::SchemaRef,
     arrow: SchemaRef,
+    /// target field id → source field id: change rows are projected onto the target by id, never by name
+    to_source: HashMap<i32, i32>,
     data: PartitionedWriter,
     eq: Option<PartitionedWriter>,
     key_idx: Vec<usize>,
@@ -54,38 +58,55 @@ pub struct CommitWriter {
     pub stats: CommitStats,
 }
 
+/// What a [`CommitWriter`] writes with.
+pub struct WriterSpec<'a> {
+    /// The target schema of the commit (the current one, or the one the commit adds).
+    pub schema: iceberg::spec::SchemaRef,
+    /// Source field id → target field id.
+    pub map: &'a FieldMap,
+    /// Equality columns as target field ids.
+    pub equality_ids: Vec<i32>,
+    pub target_file_size: u64,
+    /// The target is empty and rows come from a full copy: no equality deletes are needed.
+    pub bootstrap: bool,
+    /// The commit covers several source snapshots, so a key may change twice in it.
+    pub multi_snapshot: bool,
+}
+
 impl CommitWriter {
-    /// `bootstrap`: the target is empty and rows come from a full copy: no equality deletes are needed.
-    /// `multi_snapshot`: the commit covers several source snapshots, so a key may change twice in it.
-    pub fn new(table: &Table, eq_cols: &[String], target_file_size: u64, bootstrap: bool, multi_snapshot: bool) -> Result<Self> {
-        let schema = table.metadata().current_schema();
-        let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(schema)?);
+    pub fn new(table: &Table, spec: WriterSpec<'_>) -> Result<Self> {
+        let schema = spec.schema.clone();
+        let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
         let mut key_idx = Vec::new();
-        let mut eq_ids = Vec::new();
-        for c in eq_cols {
-            let f = schema.field_by_name(c).ok_or_else(|| Error::Schema(format!("equality column `{c}` is not a target column")))?;
-            eq_ids.push(f.id);
-            key_idx.push(arrow.index_of(c)?);
+        for id in &spec.equality_ids {
+            let i = arrow
+                .fields()
+                .iter()
+                .position(|f| crate::spec::projection::field_id(f) == Some(*id))
+                .ok_or_else(|| Error::Schema(format!("equality field id {id} is not a top-level target column")))?;
+            key_idx.push(i);
         }
         let keys = RowConverter::new(key_idx.iter().map(|&i| SortField::new(arrow.field(i).data_type().clone())).collect())?;
-        let size = target_file_size as usize;
+        let size = spec.target_file_size as usize;
         Ok(CommitWriter {
             table: table.clone(),
-            data: PartitionedWriter::new(table, Content::Data, size)?,
-            eq: if bootstrap { None } else { Some(PartitionedWriter::new(table, Content::EqualityDeletes(eq_ids), size)?) },
+            data: PartitionedWriter::new(table, &schema, Content::Data, size)?,
+            eq: if spec.bootstrap { None } else { Some(PartitionedWriter::new(table, &schema, Content::EqualityDeletes(spec.equality_ids.clone()), size)?) },
+            schema,
             arrow,
+            to_source: spec.map.inverse(),
             key_idx,
             keys,
             deleted: Default::default(),
             written: Default::default(),
             positions: BTreeMap::new(),
             file_partitions: HashMap::new(),
-            track_positions: multi_snapshot,
+            track_positions: spec.multi_snapshot,
             stats: CommitStats::default(),
         })
     }
 
-    /// Change rows in the source's change schema; columns are matched to the target by name.
+    /// Change rows in the source's change schema; columns are matched to the target by field id.
     pub async fn write_changes(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
@@ -95,7 +116,7 @@ impl CommitWriter {
             .column_by_name(change::COMMIT_SNAPSHOT_ID)
             .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>().cloned())
             .ok_or_else(|| Error::Internal("change batch without _commit_snapshot_id".into()))?;
-        let rows = to_target(batch, &self.arrow)?;
+        let rows = to_target(batch, &self.arrow, &self.to_source)?;
         let key_cols: Vec<_> = self.key_idx.iter().map(|&i| rows.column(i).clone()).collect();
         let keys = self.keys.convert_columns(&key_cols)?;
 
@@ -161,8 +182,35 @@ impl CommitWriter {
         Ok(())
     }
 
-    /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors).
-    pub async fn finish(mut self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
+    /// Gives up the commit: the paths of every file written so far, for the caller to remove.
+    pub fn abort(self) -> Vec<String> {
+        let mut paths = self.data.opened().to_vec();
+        if let Some(eq) = &self.eq {
+            paths.extend_from_slice(eq.opened());
+        }
+        paths
+    }
+
+    /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors). On a
+    /// failure the files written so far are removed.
+    pub async fn finish(self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
+        let io = self.table.file_io().clone();
+        let mut opened = self.data.opened().to_vec();
+        if let Some(eq) = &self.eq {
+            opened.extend_from_slice(eq.opened());
+        }
+        match self.finish_files().await {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                for p in opened {
+                    let _ = io.delete(&p).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn finish_files(mut self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
         self.positions.retain(|_, (bm, _)| !bm.is_empty());
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
         let CommitWriter { data, eq, mut stats, .. } = self;
@@ -184,7 +232,7 @@ impl CommitWriter {
         let locations = DefaultLocationGenerator::new(meta)?;
         let name = |kind: &str, ext: &str| format!("cdc-{}-{kind}.{ext}", uuid::Uuid::new_v4());
         let location = |part: &Option<Struct>, file: &str| {
-            let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), meta.current_schema().clone(), p.clone()));
+            let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), self.schema.clone(), p.clone()));
             locations.generate_location(key.as_ref(), file)
         };
         let io = self.table.file_io().clone();
@@ -214,17 +262,11 @@ impl CommitWriter {
     }
 }
 
-/// Change rows → the target's arrow schema, by column name (types cast where promoted).
-fn to_target(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
-    let cols = target
-        .fields()
-        .iter()
-        .map(|f| match batch.column_by_name(f.name()) {
-            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
-            Some(c) => arrow_cast::cast(c, f.data_type()).map_err(|e| Error::Schema(format!("column `{}`: {e}", f.name()))),
-            None => Ok(arrow_array::new_null_array(f.data_type(), batch.num_rows())),
-        })
-        .collect::<Result<Vec<_>>>()?;
+/// Change rows → the target's arrow schema, by field id at every level (types cast where promoted).
+fn to_target(batch: &RecordBatch, target: &SchemaRef, to_source: &HashMap<i32, i32>) -> Result<RecordBatch> {
+    let relaxed = crate::source::reader::relax(target);
+    let projected = crate::spec::projection::project_batch(batch, &relaxed, &|id| to_source.get(&id).copied())?;
+    let cols = projected.columns().to_vec();
     // required target columns: nulls would be a schema error the validation should have caught
     for (f, c) in target.fields().iter().zip(&cols) {
         if !f.is_nullable() && c.null_count() > 0 {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::arrow::RecordBatchPartitionSplitter;
-use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, Struct};
+use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, SchemaRef, Struct};
 use iceberg::table::Table;
 use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter, ParquetWriterBuilder};
@@ -55,12 +55,15 @@ pub struct PartitionedWriter {
     done: Vec<DataFile>,
     /// For delete files: the positions of the equality columns in the table schema, and the files' arrow schema.
     projection: Option<(Vec<usize>, arrow_schema::SchemaRef)>,
+    /// Every file this writer created, finished or not: what to remove when the commit is abandoned.
+    opened: Vec<String>,
 }
 
 impl PartitionedWriter {
-    pub fn new(table: &Table, content: Content, target_size: usize) -> Result<Self> {
+    /// Files of `table` written in `table_schema` (the table's current schema, or the one the commit adds).
+    pub fn new(table: &Table, table_schema: &SchemaRef, content: Content, target_size: usize) -> Result<Self> {
         let meta = table.metadata();
-        let table_schema = meta.current_schema().clone();
+        let table_schema = table_schema.clone();
         let spec = meta.default_partition_spec().clone();
         let (file_schema, projection) = match &content {
             Content::Data => (table_schema.clone(), None),
@@ -100,6 +103,7 @@ impl PartitionedWriter {
             open: HashMap::new(),
             done: Vec::new(),
             projection,
+            opened: Vec::new(),
         })
     }
 
@@ -125,7 +129,7 @@ impl PartitionedWriter {
                 Some((idx, arrow)) => RecordBatch::try_new(arrow.clone(), idx.iter().map(|&i| part.column(i).clone()).collect())?,
             };
             let first_pos = o.writer.current_row_num() as u64;
-            o.writer.write(&file_batch).await?;
+            o.writer.write(&file_batch).await.map_err(|e| io_error(&o.path, e))?;
             out.push(Placement { path: o.path.clone(), first_pos, rows: part.num_rows(), batch: part, partition: slot.clone() });
             if o.writer.current_written_size() >= self.target_size {
                 let o = self.open.remove(&slot).expect("present");
@@ -143,12 +147,13 @@ impl PartitionedWriter {
         };
         let name = format!("{}-{kind}-{:05}.parquet", self.prefix, self.counter);
         let path = self.locations.generate_location(key.as_ref(), &name);
-        let writer = self.builder.build(self.file_io.new_output(&path)?).await?;
+        self.opened.push(path.clone());
+        let writer = self.builder.build(self.file_io.new_output(&path)?).await.map_err(|e| io_error(&path, e))?;
         Ok(Open { writer, path: path.into(), key })
     }
 
     async fn close_file(&mut self, o: Open) -> Result<()> {
-        for mut b in o.writer.close().await? {
+        for mut b in o.writer.close().await.map_err(|e| io_error(&o.path, e))? {
             match &self.content {
                 Content::Data => {
                     b.content(DataContentType::Data);
@@ -167,6 +172,11 @@ impl PartitionedWriter {
         Ok(())
     }
 
+    /// Every file this writer created, finished or not.
+    pub fn opened(&self) -> &[String] {
+        &self.opened
+    }
+
     /// Closes every open file; returns all files written.
     pub async fn finish(mut self) -> Result<Vec<DataFile>> {
         let open: Vec<Open> = self.open.drain().map(|(_, o)| o).collect();
@@ -179,7 +189,7 @@ impl PartitionedWriter {
 
 /// Writes `batches` (in the table's current schema) as data files.
 pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    let mut w = PartitionedWriter::new(table, Content::Data, DEFAULT_TARGET_FILE_SIZE)?;
+    let mut w = PartitionedWriter::new(table, table.metadata().current_schema(), Content::Data, DEFAULT_TARGET_FILE_SIZE)?;
     for b in batches {
         w.write(b).await?;
     }
@@ -188,9 +198,29 @@ pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<Da
 
 /// Writes equality deletes on `equality_ids` from `batches` (full rows in the current schema).
 pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    let mut w = PartitionedWriter::new(table, Content::EqualityDeletes(equality_ids), DEFAULT_TARGET_FILE_SIZE)?;
+    let mut w = PartitionedWriter::new(table, table.metadata().current_schema(), Content::EqualityDeletes(equality_ids), DEFAULT_TARGET_FILE_SIZE)?;
     for b in batches {
         w.write(b).await?;
     }
     w.finish().await
+}
+
+/// A failed write names its file; I/O failures (disk full, permissions) keep the I/O exit code.
+fn io_error(path: &str, e: iceberg::Error) -> Error {
+    let message = error_chain(&e);
+    let io = message.contains("os error") || message.contains("No space left") || e.kind() == iceberg::ErrorKind::Unexpected && message.contains("I/O");
+    if io {
+        Error::Io { path: path.to_string(), message, retryable: false }
+    } else {
+        Error::Iceberg(e)
+    }
+}
+
+/// The innermost cause of an error chain, once (iceberg errors repeat their sources in `Display`).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(s) = last.source() {
+        last = s;
+    }
+    last.to_string()
 }

@@ -1,6 +1,7 @@
 //! Writing to Iceberg tables: data and equality-delete files, and the row-delta commit iceberg-rust 0.10.1 lacks.
 pub mod apply;
 pub mod deletes;
+pub mod evolve;
 pub mod files;
 pub mod progress;
 pub mod target;

@@ -4,10 +4,11 @@
 //! (`ManifestWriterBuilder`), a manifest list (`ManifestListWriter`) and `Snapshot::builder`, and handed to the
 //! catalog as `TableRequirement`s + `TableUpdate`s — the same shape a REST `CommitTableRequest` has.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use iceberg::spec::{
     DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder,
-    Operation, Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
+    Operation, Schema, Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
 };
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
@@ -29,6 +30,8 @@ pub struct RowDelta {
     data: Vec<DataFile>,
     deletes: Vec<DataFile>,
     properties: HashMap<String, String>,
+    schema: Option<Schema>,
+    table_properties: HashMap<String, String>,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -56,6 +59,17 @@ impl RowDelta {
         self
     }
 
+    /// A new current schema, added in the same commit as the files (which are written in it).
+    pub fn set_schema(mut self, schema: Schema) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+    /// Table properties set in the same commit.
+    pub fn set_table_properties(mut self, props: HashMap<String, String>) -> Self {
+        self.table_properties.extend(props);
+        self
+    }
+
     /// Writes the manifests and the manifest list, and returns the snapshot as catalog updates pinned to the
     /// table's uuid and current main-branch head (optimistic concurrency).
     pub async fn prepare(self, table: &Table) -> Result<PreparedCommit> {
@@ -79,7 +93,13 @@ impl RowDelta {
         let parent = meta.current_snapshot();
         let seq = meta.next_sequence_number();
         let commit_uuid = uuid::Uuid::new_v4();
-        let schema = meta.current_schema().clone();
+        let (schema, schema_id) = match &self.schema {
+            Some(s) => {
+                let id = crate::sink::iceberg::evolve::added_schema_id(meta, s);
+                (Arc::new(s.clone().into_builder().with_schema_id(id).build()?), id)
+            }
+            None => (meta.current_schema().clone(), meta.current_schema_id()),
+        };
         let spec = meta.default_partition_spec().as_ref().clone();
 
         let mut manifests: Vec<ManifestFile> = match parent {
@@ -139,26 +159,33 @@ impl RowDelta {
             .with_parent_snapshot_id(parent_id)
             .with_sequence_number(seq)
             .with_summary(Summary { operation, additional_properties: props })
-            .with_schema_id(meta.current_schema_id())
+            .with_schema_id(schema_id)
             .with_timestamp_ms(chrono::Utc::now().timestamp_millis().max(meta.last_updated_ms() + 1));
         let snapshot = match next_row_id {
             Some(next) => builder.with_row_range(first_row_id, next - first_row_id).build(),
             None => builder.build(),
         };
-        Ok(PreparedCommit {
-            snapshot_id,
-            requirements: vec![
-                TableRequirement::UuidMatch { uuid: meta.uuid() },
-                TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: parent_id },
-            ],
-            updates: vec![
-                TableUpdate::AddSnapshot { snapshot },
-                TableUpdate::SetSnapshotRef {
-                    ref_name: MAIN_BRANCH.to_string(),
-                    reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
-                },
-            ],
-        })
+        let mut requirements = vec![
+            TableRequirement::UuidMatch { uuid: meta.uuid() },
+            TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: parent_id },
+            // the files are written in a schema planned from this one
+            TableRequirement::CurrentSchemaIdMatch { current_schema_id: meta.current_schema_id() },
+        ];
+        let mut updates = Vec::new();
+        if let Some(s) = self.schema {
+            requirements.push(TableRequirement::LastAssignedFieldIdMatch { last_assigned_field_id: meta.last_column_id() });
+            updates.push(TableUpdate::AddSchema { schema: s });
+            updates.push(TableUpdate::SetCurrentSchema { schema_id: -1 });
+        }
+        updates.push(TableUpdate::AddSnapshot { snapshot });
+        updates.push(TableUpdate::SetSnapshotRef {
+            ref_name: MAIN_BRANCH.to_string(),
+            reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+        });
+        if !self.table_properties.is_empty() {
+            updates.push(TableUpdate::SetProperties { updates: self.table_properties });
+        }
+        Ok(PreparedCommit { snapshot_id, requirements, updates })
     }
 }
 

@@ -1,4 +1,5 @@
-//! The target table: created from the source when missing, validated when it exists.
+//! The target table: created from the source when missing (with the schema of the snapshot the sync starts from),
+//! loaded when it exists; its columns are matched to the source by field id (see `evolve`).
 use std::collections::HashMap;
 
 use iceberg::spec::{FormatVersion, PrimitiveType, Schema, TableMetadata, Type, UnboundPartitionSpec};
@@ -8,104 +9,103 @@ use iceberg::TableCreation;
 use crate::catalog::Catalog;
 use crate::config::split_table_name;
 use crate::error::{Error, Result};
+use crate::sink::iceberg::evolve::FieldMap;
 
-/// Equality columns: configured, else the source key; float/double and nested columns are refused.
-pub fn equality_columns(source: &Schema, configured: Option<&[String]>, source_key: &[i32]) -> Result<Vec<String>> {
-    let names: Vec<String> = match configured {
-        Some(c) => c.to_vec(),
-        None => source_key.iter().filter_map(|id| source.field_by_id(*id).map(|f| f.name.clone())).collect(),
+/// Equality columns as source field ids: the configured names (resolved in `source`, the schema whose names the user
+/// sees), else the source key; float/double and nested columns are refused.
+pub fn equality_ids(source: &Schema, configured: Option<&[String]>, source_key: &[i32]) -> Result<Vec<i32>> {
+    let ids: Vec<i32> = match configured {
+        Some(c) => c
+            .iter()
+            .map(|n| source.field_by_name(n).map(|f| f.id).ok_or_else(|| Error::Key(format!("equality column `{n}` is not a source column"))))
+            .collect::<Result<_>>()?,
+        None => source_key.to_vec(),
     };
-    if names.is_empty() {
+    if ids.is_empty() {
         return Err(Error::Key(
             "no equality columns: the source has no identifier fields and neither source.key_columns nor target.equality_columns is set".into(),
         ));
     }
-    for n in &names {
-        let f = source.field_by_name(n).ok_or_else(|| Error::Key(format!("equality column `{n}` is not a source column")))?;
+    for id in &ids {
+        let f = source.field_by_id(*id).ok_or_else(|| Error::Key(format!("equality field id {id} is not in the source schema")))?;
         match f.field_type.as_ref() {
             Type::Primitive(PrimitiveType::Float | PrimitiveType::Double) => {
-                return Err(Error::Key(format!("equality column `{n}` is {}; float and double cannot be matched exactly", f.field_type)))
+                return Err(Error::Key(format!("equality column `{}` is {}; float and double cannot be matched exactly", f.name, f.field_type)))
             }
             Type::Primitive(_) => {}
-            t => return Err(Error::Key(format!("equality column `{n}` is {t}; only primitive columns can be equality columns"))),
+            t => return Err(Error::Key(format!("equality column `{}` is {t}; only primitive columns can be equality columns", f.name))),
         }
     }
-    Ok(names)
+    Ok(ids)
 }
 
-/// Loads the target, or creates it (namespace included) from the source's schema and partition spec.
-pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, eq_cols: &[String], format_version: u8) -> Result<(Table, bool)> {
+/// The target table as a sync finds or makes it.
+pub struct Target {
+    pub table: Table,
+    /// This run created it.
+    pub created: bool,
+    /// Source field id → target field id.
+    pub map: FieldMap,
+}
+
+/// Loads the target, or creates it (namespace included) from `schema` — the source schema of the snapshot the
+/// sync starts from — and the source's partition spec. Creation races with another applier are fine: whoever loses
+/// loads what the winner created. The field mapping comes from the target's properties, else from how the table
+/// was created (by position), else by name (a table that existed before its first sync).
+pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schema: &Schema, key: &[i32], format_version: u8) -> Result<Target> {
+    let source_uuid = source.uuid().to_string();
+    let loaded = |t: Table, created: bool| -> Result<Target> {
+        let map = match FieldMap::read(t.metadata(), &source_uuid)? {
+            Some(m) => m,
+            None => FieldMap::by_name(schema, t.metadata().current_schema()),
+        };
+        Ok(Target { table: t, created, map })
+    };
     match catalog.load_table(name).await {
+        Ok(t) => return loaded(t, false),
+        Err(Error::TableNotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    // Identifier fields must be required; equality deletes work either way.
+    let all_required = !key.is_empty() && key.iter().all(|id| schema.field_by_id(*id).is_some_and(|f| f.required));
+    let create_schema = Schema::builder()
+        .with_fields(schema.as_struct().fields().to_vec())
+        .with_identifier_field_ids(if all_required { key.to_vec() } else { Vec::new() })
+        .build()?;
+    // The source's spec, when every column it partitions by exists in the starting schema.
+    let src_spec = source.default_partition_spec();
+    let spec: UnboundPartitionSpec = if src_spec.fields().iter().all(|f| schema.field_by_id(f.source_id).is_some()) {
+        src_spec.as_ref().clone().into()
+    } else {
+        tracing::warn!(table = name, "the source's partition columns are not in the starting schema; the target is created unpartitioned");
+        UnboundPartitionSpec::builder().build()
+    };
+    let (_, table) = split_table_name(name);
+    let creation = TableCreation::builder()
+        .name(table)
+        .schema(create_schema.clone())
+        .partition_spec(spec)
+        .format_version(if format_version == 3 { FormatVersion::V3 } else { FormatVersion::V2 })
+        .properties(HashMap::from([
+            ("write.delete.mode".to_string(), "merge-on-read".to_string()),
+            ("write.update.mode".to_string(), "merge-on-read".to_string()),
+            ("write.merge.mode".to_string(), "merge-on-read".to_string()),
+        ]))
+        .build();
+    match catalog.create_table(name, creation).await {
         Ok(t) => {
-            validate(source.current_schema(), t.metadata().current_schema(), eq_cols)?;
-            Ok((t, false))
+            let map = FieldMap::by_position(&create_schema, t.metadata().current_schema())?;
+            Ok(Target { table: t, created: true, map })
         }
-        Err(Error::TableNotFound { .. }) => {
-            let src = source.current_schema();
-            let ids: Vec<i32> = eq_cols.iter().filter_map(|n| src.field_by_name(n).map(|f| f.id)).collect();
-            // Identifier fields must be required; equality deletes work either way.
-            let all_required = ids.iter().all(|id| src.field_by_id(*id).is_some_and(|f| f.required));
-            let fields: Vec<_> = src.as_struct().fields().to_vec();
-            let mut b = Schema::builder().with_fields(fields);
-            if all_required {
-                b = b.with_identifier_field_ids(ids);
+        // Another applier may have created it meanwhile: then it loads.
+        Err(create_err) => match catalog.load_table(name).await {
+            Ok(t) => {
+                tracing::info!(table = name, "the target was created by another writer meanwhile; using it");
+                loaded(t, false)
             }
-            let schema = b.build()?;
-            let spec: UnboundPartitionSpec = source.default_partition_spec().as_ref().clone().into();
-            let (_, table) = split_table_name(name);
-            let creation = TableCreation::builder()
-                .name(table)
-                .schema(schema)
-                .partition_spec(spec)
-                .format_version(if format_version == 3 { FormatVersion::V3 } else { FormatVersion::V2 })
-                .properties(HashMap::from([
-                    ("write.delete.mode".to_string(), "merge-on-read".to_string()),
-                    ("write.update.mode".to_string(), "merge-on-read".to_string()),
-                    ("write.merge.mode".to_string(), "merge-on-read".to_string()),
-                ]))
-                .build();
-            Ok((catalog.create_table(name, creation).await?, true))
-        }
-        Err(e) => Err(e),
+            Err(_) => Err(create_err),
+        },
     }
-}
-
-fn promotable(from: &Type, to: &Type) -> bool {
-    use PrimitiveType as P;
-    match (from, to) {
-        (a, b) if a == b => true,
-        (Type::Primitive(P::Int), Type::Primitive(P::Long)) => true,
-        (Type::Primitive(P::Float), Type::Primitive(P::Double)) => true,
-        (Type::Primitive(P::Decimal { precision: p1, scale: s1 }), Type::Primitive(P::Decimal { precision: p2, scale: s2 })) => s1 == s2 && p2 >= p1,
-        _ => false,
-    }
-}
-
-/// Every source column must exist in the target (by name) with the same or a wider type; target-only columns must
-/// be optional; equality columns must exist. All problems are reported together.
-pub fn validate(source: &Schema, target: &Schema, eq_cols: &[String]) -> Result<()> {
-    let mut problems = Vec::new();
-    for f in source.as_struct().fields() {
-        match target.field_by_name(&f.name) {
-            None => problems.push(format!("target has no column `{}` ({}); add it: ALTER TABLE … ADD COLUMN {} {}", f.name, f.field_type, f.name, f.field_type)),
-            Some(t) if !promotable(&f.field_type, &t.field_type) => {
-                problems.push(format!("column `{}` is {} in the source but {} in the target", f.name, f.field_type, t.field_type))
-            }
-            Some(t) if t.required && !f.required => problems.push(format!("column `{}` is required in the target but optional in the source", f.name)),
-            _ => {}
-        }
-    }
-    for t in target.as_struct().fields() {
-        if t.required && source.field_by_name(&t.name).is_none() {
-            problems.push(format!("target column `{}` is required but the source has no such column", t.name));
-        }
-    }
-    for n in eq_cols {
-        if target.field_by_name(n).is_none() {
-            problems.push(format!("equality column `{n}` is not a target column"));
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(Error::Schema(format!("the target cannot take the source rows:\n  - {}", problems.join("\n  - ")))) }
 }
 
 #[cfg(test)]
@@ -118,37 +118,13 @@ mod tests {
     }
 
     #[test]
-    fn validation_reports_every_mismatch() {
-        let src = schema(vec![
-            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Int)),
-            NestedField::optional(2, "name", Type::Primitive(PrimitiveType::String)),
-            NestedField::optional(3, "amount", Type::Primitive(PrimitiveType::Decimal { precision: 10, scale: 2 })),
-        ]);
-        let ok = schema(vec![
-            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)),
-            NestedField::optional(2, "name", Type::Primitive(PrimitiveType::String)),
-            NestedField::optional(3, "amount", Type::Primitive(PrimitiveType::Decimal { precision: 12, scale: 2 })),
-            NestedField::optional(4, "extra", Type::Primitive(PrimitiveType::String)),
-        ]);
-        validate(&src, &ok, &["id".into()]).unwrap();
-        let bad = schema(vec![
-            NestedField::required(1, "id", Type::Primitive(PrimitiveType::String)),
-            NestedField::required(5, "must", Type::Primitive(PrimitiveType::String)),
-        ]);
-        let err = validate(&src, &bad, &["id".into(), "zz".into()]).unwrap_err().to_string();
-        for needle in ["`id` is int in the source but string", "no column `name`", "no column `amount`", "`must` is required", "`zz`"] {
-            assert!(err.contains(needle), "{needle}: {err}");
-        }
-    }
-
-    #[test]
     fn equality_columns_need_a_key() {
         let src = schema(vec![
             NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)),
             NestedField::optional(2, "f", Type::Primitive(PrimitiveType::Double)),
         ]);
-        assert_eq!(equality_columns(&src, None, &[1]).unwrap(), vec!["id"]);
-        assert!(equality_columns(&src, None, &[]).unwrap_err().to_string().contains("no equality columns"));
-        assert!(equality_columns(&src, Some(&["f".into()]), &[]).unwrap_err().to_string().contains("double"));
+        assert_eq!(equality_ids(&src, None, &[1]).unwrap(), vec![1]);
+        assert!(equality_ids(&src, None, &[]).unwrap_err().to_string().contains("no equality columns"));
+        assert!(equality_ids(&src, Some(&["f".into()]), &[]).unwrap_err().to_string().contains("double"));
     }
 }
