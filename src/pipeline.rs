@@ -366,7 +366,10 @@ async fn commit_chunk(
     let schema = src.schema_at(last);
     let tmeta = target.metadata();
     let pinned: HashSet<i32> = tmeta.default_partition_spec().fields().iter().map(|f| f.source_id).collect();
-    let opts = EvolveOptions { keep_dropped_columns: tcfg.keep_dropped_columns };
+    let opts = EvolveOptions {
+        keep_dropped_columns: tcfg.keep_dropped_columns,
+        defaults_allowed: tmeta.format_version() >= iceberg::spec::FormatVersion::V3,
+    };
     let evo = evolve::evolve(tmeta.current_schema(), tmeta.last_column_id(), map, &schema, &src.key_ids, last.snapshot_id(), &pinned, opts)?;
     if !evo.changes.is_empty() {
         tracing::info!(source_snapshot = last.snapshot_id(), changes = %evo.changes.join("; "), "target schema follows the source");

@@ -538,3 +538,173 @@ async fn disk_full_names_the_file_and_exits_with_the_io_code() {
         assert!(!target.exists(), "{format}: no partial output");
     }
 }
+
+/// Types Spark cannot write (uuid, fixed, time, timestamp_ns on v3) beside nested maps and lists, in a table written
+/// by iceberg-rust: `cdc changes` renders them in the spec's JSON, and `cdc sync` copies them exactly (the target read
+/// back by iceberg-rust's scan equals the source).
+#[tokio::test(flavor = "multi_thread")]
+async fn types_spark_cannot_write_go_through_changes_and_sync() {
+    use arrow_array::builder::{Int64Builder, MapBuilder, StringBuilder};
+    use arrow_array::{ArrayRef, FixedSizeBinaryArray, Int64Array, ListArray, RecordBatch, StructArray, Time64MicrosecondArray, TimestampNanosecondArray};
+    use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType as P, Schema, StructType, Type};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let wh = dir.path().join("wh");
+    let cat = Catalog::connect(&Config::parse(&sql_config(&wh, "", "")).unwrap().source.catalog, "source").await.unwrap();
+    let p = |t: P| Type::Primitive(t);
+    let schema = Schema::builder()
+        .with_fields(vec![
+            NestedField::required(1, "id", p(P::Long)).into(),
+            NestedField::optional(2, "u", p(P::Uuid)).into(),
+            NestedField::optional(3, "fx", p(P::Fixed(4))).into(),
+            NestedField::optional(4, "t", p(P::Time)).into(),
+            NestedField::optional(5, "tn", p(P::TimestampNs)).into(),
+            NestedField::optional(
+                6,
+                "m",
+                Type::Map(MapType::new(NestedField::required(7, "key", p(P::String)).into(), NestedField::optional(8, "value", p(P::Long)).into())),
+            )
+            .into(),
+            NestedField::optional(9, "l", Type::List(ListType::new(NestedField::optional(10, "element", p(P::Uuid)).into()))).into(),
+            NestedField::optional(11, "s", Type::Struct(StructType::new(vec![NestedField::optional(12, "f", p(P::Fixed(2))).into()]))).into(),
+        ])
+        .with_identifier_field_ids(vec![1])
+        .build()
+        .unwrap();
+    let creation = iceberg::TableCreation::builder()
+        .name("types".into())
+        .schema(schema)
+        .format_version(iceberg::spec::FormatVersion::V3)
+        .build();
+    let mut t = cat.create_table("demo.types", creation).await.unwrap();
+    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(t.metadata().current_schema()).unwrap());
+    let batch = |ids: &[i64], salt: u8| -> RecordBatch {
+        let n = ids.len();
+        let uuid = |i: i64| {
+            let mut b = [0u8; 16];
+            b[0] = salt;
+            b[15] = i as u8;
+            b
+        };
+        let mut mb = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
+        for &i in ids {
+            mb.keys().append_value("k");
+            mb.values().append_value(i * salt as i64);
+            mb.append(true).unwrap();
+        }
+        let arrow_schema::DataType::Map(entries, _) = arrow.field(5).data_type().clone() else { panic!() };
+        let arrow_schema::DataType::Struct(kv) = entries.data_type().clone() else { panic!() };
+        let m = mb.finish();
+        let kv_array = StructArray::new(kv, m.entries().columns().to_vec(), None);
+        let m: ArrayRef = Arc::new(arrow_array::MapArray::try_new(entries, m.offsets().clone(), kv_array, None, false).unwrap());
+        let arrow_schema::DataType::List(el) = arrow.field(6).data_type().clone() else { panic!() };
+        let values = FixedSizeBinaryArray::try_from_iter(ids.iter().map(|&i| uuid(i + 100))).unwrap();
+        let offsets = arrow_buffer::OffsetBuffer::from_lengths(vec![1; n]);
+        let l: ArrayRef = Arc::new(ListArray::new(el, offsets, Arc::new(values), None));
+        let arrow_schema::DataType::Struct(sf) = arrow.field(7).data_type().clone() else { panic!() };
+        let s: ArrayRef = Arc::new(StructArray::new(sf, vec![Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|_| [salt, 0xAB])).unwrap())], None));
+        RecordBatch::try_new(
+            arrow.clone(),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|&i| uuid(i))).unwrap()),
+                Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|&i| [salt, 1, 2, i as u8])).unwrap()),
+                Arc::new(Time64MicrosecondArray::from(ids.iter().map(|&i| 3_600_000_000 + i).collect::<Vec<_>>())),
+                Arc::new(TimestampNanosecondArray::from(ids.iter().map(|&i| 1_700_000_000_123_456_789 + i).collect::<Vec<_>>())),
+                m,
+                l,
+                s,
+            ],
+        )
+        .unwrap()
+    };
+    // snapshot 1: ids 1..3; snapshot 2: id 2 changes (equality delete + new row), id 4 is new
+    let files = iceberg_cdc::sink::iceberg::files::write_data(&t, &[batch(&[1, 2, 3], 1)]).await.unwrap();
+    let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
+    t = cat.commit(&t, c.requirements, c.updates).await.unwrap();
+    let upd = batch(&[2, 4], 2);
+    let data = iceberg_cdc::sink::iceberg::files::write_data(&t, &[upd.clone()]).await.unwrap();
+    let dels = iceberg_cdc::sink::iceberg::files::write_equality_deletes(&t, vec![1], &[upd]).await.unwrap();
+    let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(data).add_delete_files(dels).prepare(&t).await.unwrap();
+    t = cat.commit(&t, c.requirements, c.updates).await.unwrap();
+
+    let body = sql_config(&wh, "", "").replace(&format!("table = \"{}\"", quickstart::TABLE), "table = \"demo.types\"");
+    let cfg = config(dir.path(), &body);
+    let out = ok(cdc(&["changes", "--config", cfg.to_str().unwrap()]));
+    let rows: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<(String, i64)> = rows.iter().map(|r| (r["_change_type"].as_str().unwrap().to_string(), r["id"].as_i64().unwrap())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("INSERT".into(), 1),
+            ("INSERT".into(), 2),
+            ("INSERT".into(), 3),
+            ("UPDATE_BEFORE".into(), 2),
+            ("UPDATE_AFTER".into(), 2),
+            ("INSERT".into(), 4)
+        ]
+    );
+    let r = &rows[0];
+    assert_eq!(r["u"], "01000000-0000-0000-0000-000000000001", "uuid in its canonical form: {r}");
+    assert_eq!(r["fx"], "01010201", "fixed as hex: {r}");
+    assert_eq!(r["t"], "01:00:00.000001", "{r}");
+    assert_eq!(r["tn"], "2023-11-14T22:13:20.123456790", "{r}");
+    assert_eq!(r["l"][0], "01000000-0000-0000-0000-000000000065", "{r}");
+    let pq = dir.path().join("types.parquet");
+    ok(cdc(&["changes", "--config", cfg.to_str().unwrap(), "--format", "parquet", "--output", pq.to_str().unwrap()]));
+    assert!(std::fs::metadata(&pq).unwrap().len() > 0);
+
+    let tw = dir.path().join("target");
+    let sbody = format!("{body}\n[target]\ntable = \"replica.types\"\nformat_version = 3\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display());
+    let scfg = config(dir.path(), &sbody);
+    let lineage = iceberg_cdc::source::lineage::main_lineage(t.metadata());
+    ok(cdc(&["sync", "--config", scfg.to_str().unwrap(), "--to-snapshot", &lineage[0].snapshot_id().to_string()]));
+    ok(cdc(&["sync", "--config", scfg.to_str().unwrap()]));
+    assert_target_equals_source(&scfg, &t, "replica.types").await;
+}
+
+/// Range messages say what is wrong: a start after the end, a start that was rolled back, an end the target is
+/// already past (nothing to do, exit 0).
+#[tokio::test(flavor = "multi_thread")]
+async fn range_messages_name_the_real_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(table.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    let tw = dir.path().join("target");
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.msgs", &tw, ""));
+    let cfg = cfg.to_str().unwrap();
+
+    // --from after --to, on a fresh target: not a "gap"
+    let out = cdc(&["sync", "--config", cfg, "--from-snapshot", &ids[3], "--to-snapshot", &ids[1]]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::RANGE, "{err}");
+    assert!(err.contains("after the end of the range") && !err.contains("gap"), "{err}");
+
+    // a target already past --to: nothing to do
+    ok(cdc(&["sync", "--config", cfg]));
+    let out = ok(cdc(&["sync", "--config", cfg, "--to-snapshot", &ids[1], "--json"]));
+    assert!(out.contains("\"source_snapshots_applied\": 0"), "{out}");
+
+    // roll the source back to ids[1] and commit on top: ids[3] is off the branch now, with a higher sequence number
+    let head = table.metadata().current_snapshot_id();
+    let rollback = vec![iceberg::TableUpdate::SetSnapshotRef {
+        ref_name: "main".into(),
+        reference: iceberg::spec::SnapshotReference::new(ids[1].parse().unwrap(), iceberg::spec::SnapshotRetention::branch(None, None, None)),
+    }];
+    let req = vec![iceberg::TableRequirement::RefSnapshotIdMatch { r#ref: "main".into(), snapshot_id: head }];
+    let t = catalog.commit(&table, req, rollback).await.unwrap();
+    quickstart::commit_changes(&catalog, &t, &[(77, "after-rollback", 1)], &[]).await.unwrap();
+    let qcfg = config(dir.path(), &sql_config(&wh, "", ""));
+    let out = cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &ids[3], "--to-snapshot", &ids[1]]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::RANGE, "{err}");
+    assert!(!err.contains("swap") && err.contains("not an ancestor"), "{err}");
+    // the target recorded ids[3], which the rollback took off the branch: a clear error, nothing committed
+    let before = target_snapshot_count(&tw, "replica.msgs");
+    let out = cdc(&["sync", "--config", cfg]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), exit::RANGE, "{err}");
+    assert!(err.contains("rolled back"), "{err}");
+    assert_eq!(target_snapshot_count(&tw, "replica.msgs"), before);
+}

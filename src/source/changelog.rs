@@ -103,6 +103,39 @@ pub fn arrow_schema(schema: &Schema) -> Result<SchemaRef> {
     Ok(reader::relax(&Arc::new(iceberg::arrow::schema_to_arrow_schema(schema)?)))
 }
 
+/// The Arrow schema change rows are written in: like [`arrow_schema`], with `uuid` columns (at any depth) marked
+/// with Arrow's canonical uuid extension type, which Arrow alone cannot tell from `fixed(16)`.
+pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
+    use arrow_schema::{DataType, Field};
+    let uuids: HashSet<i32> = schema
+        .field_id_to_fields()
+        .iter()
+        .filter(|(_, f)| matches!(f.field_type.as_ref(), Type::Primitive(PrimitiveType::Uuid)))
+        .map(|(id, _)| *id)
+        .collect();
+    let arrow = arrow_schema(schema)?;
+    if uuids.is_empty() {
+        return Ok(arrow);
+    }
+    fn mark(f: &Field, uuids: &HashSet<i32>) -> Field {
+        let dt = match f.data_type() {
+            DataType::Struct(fs) => DataType::Struct(fs.iter().map(|c| Arc::new(mark(c, uuids))).collect()),
+            DataType::List(e) => DataType::List(Arc::new(mark(e, uuids))),
+            DataType::Map(e, sorted) => DataType::Map(Arc::new(mark(e, uuids)), *sorted),
+            other => other.clone(),
+        };
+        let mut f = f.clone().with_data_type(dt);
+        if reader::field_id(&f).is_some_and(|id| uuids.contains(&id)) {
+            let mut md = f.metadata().clone();
+            md.insert("ARROW:extension:name".to_string(), "arrow.uuid".to_string());
+            f = f.with_metadata(md);
+        }
+        f
+    }
+    let fields: Vec<Field> = arrow.fields().iter().map(|f| mark(f, &uuids)).collect();
+    Ok(Arc::new(arrow_schema::Schema::new_with_metadata(fields, arrow.metadata().clone())))
+}
+
 /// Deletes read once and shared by every snapshot that still has them.
 #[derive(Default)]
 struct DeleteCache {
@@ -140,13 +173,13 @@ pub struct ChangelogScan<'a> {
 impl<'a> ChangelogScan<'a> {
     /// `output`: the Iceberg schema change rows are written in (the end snapshot's).
     pub fn new(table: &'a Table, output: &Schema, key_ids: Vec<i32>, opts: ScanOptions) -> Result<Self> {
-        Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&arrow_schema(output)?), opts, cache: Default::default() })
+        Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&output_arrow_schema(output)?), opts, cache: Default::default() })
     }
 
     /// Changes the schema change rows are written in (a sync reads each commit's snapshots in the schema of its
     /// last one); the delete cache is kept.
     pub fn set_output(&mut self, output: &Schema) -> Result<()> {
-        self.out_schema = change::change_schema(&arrow_schema(output)?);
+        self.out_schema = change::change_schema(&output_arrow_schema(output)?);
         Ok(())
     }
 

@@ -133,11 +133,13 @@ impl FieldMap {
     }
 }
 
-/// How evolution treats columns the source dropped.
+/// How evolution treats columns the source dropped, and what the target's format allows.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EvolveOptions {
     /// Keep dropped columns in the target (optional, renamed `<name>__dropped_<id>` when a new column takes the name).
     pub keep_dropped_columns: bool,
+    /// Column default values (`initial-default`, `write-default`) need format v3; older targets get none.
+    pub defaults_allowed: bool,
 }
 
 /// What the target needs before it can take rows of a source schema.
@@ -198,7 +200,10 @@ pub fn evolve(
             cx.problems.push(format!("key column (source field id {k}) was dropped from the source; a replica cannot follow without its key — recreate the target with a new key"));
         }
     }
-    let fields = evolve_struct(&mut cx, "", source.as_struct().fields(), Some(target.as_struct().fields()));
+    let mut fields = evolve_struct(&mut cx, "", source.as_struct().fields(), Some(target.as_struct().fields()));
+    if !opts.defaults_allowed {
+        fields = fields.iter().map(|f| Arc::new(without_defaults(f))).collect();
+    }
     if !cx.problems.is_empty() {
         return Err(Error::Schema(format!(
             "the target cannot follow the schema of source snapshot {snapshot}; nothing was written:\n  - {}",
@@ -410,6 +415,17 @@ fn new_type(cx: &mut Ctx, t: &Type) -> Type {
     }
 }
 
+/// A field and everything nested in it without default values (format v2 has none).
+pub fn without_defaults(f: &NestedField) -> NestedField {
+    let field_type = match f.field_type.as_ref() {
+        Type::Primitive(_) => f.field_type.as_ref().clone(),
+        Type::Struct(s) => Type::Struct(StructType::new(s.fields().iter().map(|c| Arc::new(without_defaults(c))).collect())),
+        Type::List(l) => Type::List(ListType::new(Arc::new(without_defaults(&l.element_field)))),
+        Type::Map(m) => Type::Map(MapType::new(Arc::new(without_defaults(&m.key_field)), Arc::new(without_defaults(&m.value_field)))),
+    };
+    NestedField { field_type: Box::new(field_type), initial_default: None, write_default: None, ..f.clone() }
+}
+
 /// The spec's type promotions: `from` can be read as `to`.
 pub fn promotable(from: &PrimitiveType, to: &PrimitiveType) -> bool {
     use PrimitiveType as P;
@@ -472,11 +488,11 @@ mod tests {
         assert_eq!(e.map.ids, BTreeMap::from([(1, 10), (2, 11), (4, 13)]));
         assert_eq!(e.schema.identifier_field_ids().collect::<Vec<_>>(), vec![10]);
         // keeping dropped columns moves the old one out of the way
-        let e = evolve(&target, 12, &map, &source, &[1], 7, &HashSet::new(), EvolveOptions { keep_dropped_columns: true }).unwrap();
+        let e = evolve(&target, 12, &map, &source, &[1], 7, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true }).unwrap();
         assert!(e.schema.field_by_name("gone__dropped_12").is_some());
         assert_eq!(e.schema.field_by_name("gone").unwrap().id, 13);
         // the same schema again: nothing to do
-        let again = evolve(&e.schema, 13, &e.map, &source, &[1], 8, &HashSet::new(), EvolveOptions { keep_dropped_columns: true }).unwrap();
+        let again = evolve(&e.schema, 13, &e.map, &source, &[1], 8, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true }).unwrap();
         assert!(!again.changed, "{:?}", again.changes);
     }
 

@@ -9,7 +9,7 @@ use iceberg::TableCreation;
 use crate::catalog::Catalog;
 use crate::config::split_table_name;
 use crate::error::{Error, Result};
-use crate::sink::iceberg::evolve::FieldMap;
+use crate::sink::iceberg::evolve::{self, FieldMap};
 
 /// Equality columns as source field ids: the configured names (resolved in `source`, the schema whose names the user
 /// sees), else the source key; float/double and nested columns are refused.
@@ -39,6 +39,9 @@ pub fn equality_ids(source: &Schema, configured: Option<&[String]>, source_key: 
     Ok(ids)
 }
 
+/// Table property prefix naming the source schema a target was created from; the source table's uuid follows.
+pub const CREATED_FROM_PREFIX: &str = "cdc.created-from-schema.";
+
 /// The target table as a sync finds or makes it.
 pub struct Target {
     pub table: Table,
@@ -54,10 +57,21 @@ pub struct Target {
 /// was created (by position), else by name (a table that existed before its first sync).
 pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schema: &Schema, key: &[i32], format_version: u8) -> Result<Target> {
     let source_uuid = source.uuid().to_string();
+    let created_from_key = format!("{CREATED_FROM_PREFIX}{source_uuid}");
     let loaded = |t: Table, created: bool| -> Result<Target> {
-        let map = match FieldMap::read(t.metadata(), &source_uuid)? {
+        let meta = t.metadata();
+        let map = match FieldMap::read(meta, &source_uuid)? {
             Some(m) => m,
-            None => FieldMap::by_name(schema, t.metadata().current_schema()),
+            None => {
+                // Created by an applier that has not committed yet: its creation schema is the source schema it
+                // names, position for position, so the mapping is exact. Else (a table made by hand): by name.
+                let created_from = meta.properties().get(&created_from_key).and_then(|v| v.parse::<i32>().ok()).and_then(|id| source.schema_by_id(id));
+                let first = meta.schemas_iter().min_by_key(|s| s.schema_id());
+                match (created_from, first) {
+                    (Some(src), Some(first)) => FieldMap::by_position(src, first)?,
+                    _ => FieldMap::by_name(schema, meta.current_schema()),
+                }
+            }
         };
         Ok(Target { table: t, created, map })
     };
@@ -68,8 +82,10 @@ pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schem
     }
     // Identifier fields must be required; equality deletes work either way.
     let all_required = !key.is_empty() && key.iter().all(|id| schema.field_by_id(*id).is_some_and(|f| f.required));
+    let fields = schema.as_struct().fields().iter();
+    let fields: Vec<_> = if format_version >= 3 { fields.cloned().collect() } else { fields.map(|f| std::sync::Arc::new(evolve::without_defaults(f))).collect() };
     let create_schema = Schema::builder()
-        .with_fields(schema.as_struct().fields().to_vec())
+        .with_fields(fields)
         .with_identifier_field_ids(if all_required { key.to_vec() } else { Vec::new() })
         .build()?;
     // The source's spec, when every column it partitions by exists in the starting schema.
@@ -90,6 +106,9 @@ pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schem
             ("write.delete.mode".to_string(), "merge-on-read".to_string()),
             ("write.update.mode".to_string(), "merge-on-read".to_string()),
             ("write.merge.mode".to_string(), "merge-on-read".to_string()),
+            // which source schema the columns were made from: another applier that loads this table before our
+            // first commit (which records the field-id mapping) derives the same mapping from it
+            (created_from_key.clone(), schema.schema_id().to_string()),
         ]))
         .build();
     match catalog.create_table(name, creation).await {
