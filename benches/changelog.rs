@@ -41,8 +41,14 @@ fn batch(table: &Table, ids: impl Iterator<Item = i64>, version: i64) -> RecordB
     let cols: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(ids.clone())),
         Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("customer-{:08}", i % 100_000)))),
-        Arc::new(Decimal128Array::from_iter_values(ids.iter().map(|i| (*i as i128 * 37 + version as i128) % 10_000_000)).with_precision_and_scale(12, 2).unwrap()),
-        Arc::new(TimestampMicrosecondArray::from_iter_values(ids.iter().map(|i| 1_700_000_000_000_000 + i * 1_000 + version)).with_timezone("+00:00")),
+        Arc::new(
+            Decimal128Array::from_iter_values(ids.iter().map(|i| (*i as i128 * 37 + version as i128) % 10_000_000))
+                .with_precision_and_scale(12, 2)
+                .unwrap(),
+        ),
+        Arc::new(
+            TimestampMicrosecondArray::from_iter_values(ids.iter().map(|i| 1_700_000_000_000_000 + i * 1_000 + version)).with_timezone("+00:00"),
+        ),
         Arc::new(Int32Array::from_iter_values(ids.iter().map(|i| (i % 97) as i32 + version as i32))),
         Arc::new(StringArray::from_iter_values(ids.iter().map(|i| ["new", "paid", "shipped", "done"][(i % 4) as usize]))),
     ];
@@ -52,7 +58,10 @@ fn batch(table: &Table, ids: impl Iterator<Item = i64>, version: i64) -> RecordB
 /// Returns the config, the data files the measured snapshot must read, their bytes, and the base snapshot id.
 async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64, i64) {
     let wh = dir.join("wh");
-    let text = format!("[source]\ntable = \"bench.orders\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n[engine]\nread_concurrency = 2\n", wh.display());
+    let text = format!(
+        "[source]\ntable = \"bench.orders\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n[engine]\nread_concurrency = 2\n",
+        wh.display()
+    );
     let cfg_path = dir.join("bench.toml");
     std::fs::write(&cfg_path, &text).unwrap();
     let cfg = Config::parse(&text).unwrap();
@@ -118,7 +127,8 @@ fn baseline(files: &[String], rows: usize, out: &Path) {
                 let mut kept = Vec::new();
                 let mut n = 0usize;
                 for f in chunk {
-                    let r = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&f).unwrap()).unwrap().with_batch_size(8192).build().unwrap();
+                    let r =
+                        ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&f).unwrap()).unwrap().with_batch_size(8192).build().unwrap();
                     for b in r {
                         let b = b.unwrap();
                         n += b.num_rows();
@@ -164,7 +174,8 @@ fn main() {
         baseline(&args[4..], rows, &out);
         return;
     }
-    let get = |flag: &str, default: i64| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default);
+    let get =
+        |flag: &str, default: i64| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default);
     let rows = get("--rows", 1_000_000);
     let runs = get("--runs", 5).max(1) as usize;
     let tmp = tempfile::tempdir().unwrap();
@@ -186,7 +197,17 @@ fn main() {
     let mut change_rows = 0usize;
     for _ in 0..runs {
         let base = base.to_string();
-        let m = measure(Command::new(CDC).args(["changes", "--config", cfg.to_str().unwrap(), "--from-snapshot", &base, "--format", "parquet", "--output", out.to_str().unwrap()]));
+        let m = measure(Command::new(CDC).args([
+            "changes",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--from-snapshot",
+            &base,
+            "--format",
+            "parquet",
+            "--output",
+            out.to_str().unwrap(),
+        ]));
         cdc_runs.push(m);
     }
     {

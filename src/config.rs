@@ -189,7 +189,11 @@ pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::r
         }
     }
     out.push_str(rest);
-    if errors.is_empty() { Ok(out) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }
 
 /// Keys each section takes (catalog sections pass unknown keys on as catalog properties).
@@ -230,8 +234,7 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| Error::ConfigFile { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigFile { path: path.to_path_buf(), source })?;
         Self::parse(&text)
     }
 
@@ -246,7 +249,11 @@ impl Config {
         }
         let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
         let problems = cfg.validate();
-        if problems.is_empty() { Ok(cfg) } else { Err(Error::Config(problems)) }
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(Error::Config(problems))
+        }
     }
 
     /// Pure checks; returns every problem found.
@@ -368,9 +375,11 @@ mod tests {
 
     #[test]
     fn reports_every_unknown_key() {
-        let err = Config::parse("bogus = 1\n[source]\ntable = \"a.b\"\ntabel = 1\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n[engine]\nmemory = 1\n")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse(
+            "bogus = 1\n[source]\ntable = \"a.b\"\ntabel = 1\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n[engine]\nmemory = 1\n",
+        )
+        .unwrap_err()
+        .to_string();
         for k in ["`bogus`", "`source.tabel`", "`engine.memory`"] {
             assert!(err.contains(k), "{k}: {err}");
         }
@@ -378,8 +387,7 @@ mod tests {
 
     #[test]
     fn rejects_unknown_keys() {
-        let err = Config::parse("[source]\ntable='a.b'\nbogus=1\n[source.catalog]\ntype='hadoop'\nwarehouse='/x'\n")
-            .unwrap_err();
+        let err = Config::parse("[source]\ntable='a.b'\nbogus=1\n[source.catalog]\ntype='hadoop'\nwarehouse='/x'\n").unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
     }
 
@@ -388,10 +396,7 @@ mod tests {
         let out = expand_env("a=${X} b=$${Y}", |k| (k == "X").then(|| "1".to_string())).unwrap();
         assert_eq!(out, "a=1 b=${Y}");
         assert!(expand_env("${NOPE}", |_| None).unwrap_err()[0].contains("NOPE"));
-        let cfg = Config::parse(
-            "[source]\ntable='db.t'\n[source.catalog]\ntype='rest'\nuri='http://x'\n'header.X-Y'='z'\n",
-        )
-        .unwrap();
+        let cfg = Config::parse("[source]\ntable='db.t'\n[source.catalog]\ntype='rest'\nuri='http://x'\n'header.X-Y'='z'\n").unwrap();
         assert_eq!(cfg.source.catalog.props.get("header.X-Y").unwrap(), "z");
         assert_eq!(cfg.engine.memory_budget, DEFAULT_MEMORY_BUDGET);
     }
@@ -404,7 +409,12 @@ mod tests {
         assert_eq!((t.format_version, t.snapshots_per_commit, t.retry_backoff), (2, 1, std::time::Duration::from_secs(1)));
         let err = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\nmode='copy-on-write'\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err();
         assert!(err.to_string().contains("mode"), "{err}");
-        let Error::Config(p) = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err() else { panic!() };
+        let Error::Config(p) = Config::parse(&format!(
+            "{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n"
+        ))
+        .unwrap_err() else {
+            panic!()
+        };
         assert_eq!(p.len(), 3, "{p:?}");
     }
 

@@ -140,7 +140,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let (_, table) = pipeline::load_source(&cfg).await?;
             let lineage = lineage::main_lineage(table.metadata());
             if !json {
-                println!("{:<20} {:<20} {:>5} {:<24} {:<10} {:>8} {:>8} {:>8} {:>8}", "snapshot_id", "parent_id", "seq", "committed_at", "operation", "+files", "-files", "+rows", "-rows");
+                println!(
+                    "{:<20} {:<20} {:>5} {:<24} {:<10} {:>8} {:>8} {:>8} {:>8}",
+                    "snapshot_id", "parent_id", "seq", "committed_at", "operation", "+files", "-files", "+rows", "-rows"
+                );
             }
             for s in lineage {
                 let sum = &s.summary().additional_properties;
@@ -178,20 +181,19 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let cfg = Config::load(&config)?;
             let (from, to) = range.bounds()?;
             let (_, table) = pipeline::load_source(&cfg).await?;
-            let summary = pipeline::run_changes(
-                &cfg,
-                &table,
-                from,
-                to,
-                |schema| output::open(format, output.as_deref(), schema),
-                |_| {},
-            )
-            .await?;
+            let summary = pipeline::run_changes(&cfg, &table, from, to, |schema| output::open(format, output.as_deref(), schema), |_| {}).await?;
             tracing::info!(?summary, "changes done");
             eprintln!(
                 "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",
-                summary.snapshots, summary.skipped_replace, summary.inserts, summary.deletes, summary.update_pairs,
-                summary.files_read, summary.bytes_read as f64 / 1e6, summary.spilled_bytes as f64 / 1e6, summary.seconds
+                summary.snapshots,
+                summary.skipped_replace,
+                summary.inserts,
+                summary.deletes,
+                summary.update_pairs,
+                summary.files_read,
+                summary.bytes_read as f64 / 1e6,
+                summary.spilled_bytes as f64 / 1e6,
+                summary.seconds
             );
         }
         Cmd::Sync { config, range, json } => {
@@ -205,7 +207,11 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     c.last_source_snapshot,
                     c.source_snapshots,
                     c.target_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "(already applied)".into()),
-                    s.inserts, s.deletes, s.updates, s.files, s.bytes as f64 / 1e6
+                    s.inserts,
+                    s.deletes,
+                    s.updates,
+                    s.files,
+                    s.bytes as f64 / 1e6
                 );
             })
             .await?;

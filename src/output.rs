@@ -189,7 +189,16 @@ pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize
             if v.is_finite() {
                 let _ = write!(out, "{}", serde_json::Number::from_f64(v).expect("finite"));
             } else {
-                push_json_str(out, if v.is_nan() { "NaN" } else if v > 0.0 { "Infinity" } else { "-Infinity" });
+                push_json_str(
+                    out,
+                    if v.is_nan() {
+                        "NaN"
+                    } else if v > 0.0 {
+                        "Infinity"
+                    } else {
+                        "-Infinity"
+                    },
+                );
             }
         }};
     }
@@ -220,22 +229,19 @@ pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize
         }
         DataType::Timestamp(unit, tz) => {
             let (dt, fmt) = match unit {
-                TimeUnit::Microsecond => (
-                    chrono::DateTime::from_timestamp_micros(array.as_primitive::<TimestampMicrosecondType>().value(row)),
-                    "%Y-%m-%dT%H:%M:%S%.6f",
-                ),
+                TimeUnit::Microsecond => {
+                    (chrono::DateTime::from_timestamp_micros(array.as_primitive::<TimestampMicrosecondType>().value(row)), "%Y-%m-%dT%H:%M:%S%.6f")
+                }
                 TimeUnit::Nanosecond => (
                     Some(chrono::DateTime::from_timestamp_nanos(array.as_primitive::<TimestampNanosecondType>().value(row))),
                     "%Y-%m-%dT%H:%M:%S%.9f",
                 ),
-                TimeUnit::Millisecond => (
-                    chrono::DateTime::from_timestamp_millis(array.as_primitive::<TimestampMillisecondType>().value(row)),
-                    "%Y-%m-%dT%H:%M:%S%.6f",
-                ),
-                TimeUnit::Second => (
-                    chrono::DateTime::from_timestamp(array.as_primitive::<TimestampSecondType>().value(row), 0),
-                    "%Y-%m-%dT%H:%M:%S%.6f",
-                ),
+                TimeUnit::Millisecond => {
+                    (chrono::DateTime::from_timestamp_millis(array.as_primitive::<TimestampMillisecondType>().value(row)), "%Y-%m-%dT%H:%M:%S%.6f")
+                }
+                TimeUnit::Second => {
+                    (chrono::DateTime::from_timestamp(array.as_primitive::<TimestampSecondType>().value(row), 0), "%Y-%m-%dT%H:%M:%S%.6f")
+                }
             };
             let dt = dt.ok_or_else(|| Error::Internal("timestamp out of range".into()))?;
             let mut s = dt.naive_utc().format(fmt).to_string();

@@ -10,11 +10,11 @@ use crate::catalog::Catalog;
 use crate::change::ChangeType;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::output::{ChangeWriter, WriterSink};
 use crate::sink::iceberg::apply::{CommitStats, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, EvolveOptions, FieldMap};
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{progress, target};
-use crate::output::{ChangeWriter, WriterSink};
 use crate::source::changelog::{self, ChangelogScan, ScanOptions, SnapshotStats};
 use crate::source::lineage::{self, Bound};
 
@@ -237,7 +237,14 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
     };
     let from_id = from.map(|b| resolve_bound(name, smeta, b)).transpose()?;
     // Keys are named as the user sees the table (its current schema, else the range end's); ids from then on.
-    let names_schema = if cfg.source.key_columns.iter().flatten().chain(tcfg.equality_columns.iter().flatten()).all(|n| smeta.current_schema().field_by_name(n).is_some()) {
+    let names_schema = if cfg
+        .source
+        .key_columns
+        .iter()
+        .flatten()
+        .chain(tcfg.equality_columns.iter().flatten())
+        .all(|n| smeta.current_schema().field_by_name(n).is_some())
+    {
         smeta.current_schema().clone()
     } else {
         lineage::snapshot_schema(smeta, Some(&end))
@@ -261,7 +268,11 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         let first_schema = match start {
             Start::Done(p) => {
                 if replans == 0 && p != src.end.snapshot_id() {
-                    tracing::info!(target_progress = p, end = src.end.snapshot_id(), "the target is already past the end of the range; nothing to do");
+                    tracing::info!(
+                        target_progress = p,
+                        end = src.end.snapshot_id(),
+                        "the target is already past the end of the range; nothing to do"
+                    );
                 }
                 summary.source_snapshot_id = Some(p);
                 break 'plan;
@@ -464,7 +475,13 @@ async fn delete_files(table: &Table, paths: Vec<String>) {
     }
 }
 
-fn record(summary: &mut SyncSummary, snaps: &[iceberg::spec::SnapshotRef], id: Option<i64>, stats: CommitStats, on_commit: &mut impl FnMut(&CommitReport)) {
+fn record(
+    summary: &mut SyncSummary,
+    snaps: &[iceberg::spec::SnapshotRef],
+    id: Option<i64>,
+    stats: CommitStats,
+    on_commit: &mut impl FnMut(&CommitReport),
+) {
     summary.source_snapshots_applied += snaps.len();
     summary.inserts += stats.inserts;
     summary.deletes += stats.deletes;

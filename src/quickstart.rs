@@ -75,14 +75,13 @@ pub async fn run(dir: &Path) -> Result<()> {
     let table = match catalog.load_table(TABLE).await {
         Ok(t) => t,
         Err(Error::TableNotFound { .. }) => {
-            let creation = TableCreation::builder()
-                .name("orders".to_string())
-                .schema(demo_schema()?)
-                .format_version(iceberg::spec::FormatVersion::V2)
-                .build();
+            let creation =
+                TableCreation::builder().name("orders".to_string()).schema(demo_schema()?).format_version(iceberg::spec::FormatVersion::V2).build();
             let t = catalog.create_table(TABLE, creation).await?;
             eprintln!("quickstart: created {TABLE} in {}", warehouse.display());
-            let t = commit_changes(&catalog, &t, &[(1, "ada", 1250), (2, "grace", 990), (3, "linus", 4200), (4, "ken", 100), (5, "barbara", 7731)], &[]).await?;
+            let t =
+                commit_changes(&catalog, &t, &[(1, "ada", 1250), (2, "grace", 990), (3, "linus", 4200), (4, "ken", 100), (5, "barbara", 7731)], &[])
+                    .await?;
             let t = commit_changes(&catalog, &t, &[(2, "grace", 1990), (6, "edsger", 500)], &[4]).await?;
             let t = commit_changes(&catalog, &t, &[(7, "margaret", 3000), (8, "donald", 6400)], &[]).await?;
             commit_changes(&catalog, &t, &[(7, "margaret", 3500), (4, "ken", 150)], &[1]).await?

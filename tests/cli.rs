@@ -231,7 +231,8 @@ async fn bad_input_gets_clear_errors_and_distinct_exit_codes() {
     // A on another line of history: a snapshot that is not an ancestor (hadoop table with a rolled-back branch)
     // is covered by the Spark peer tests; here: corrupt data file
     let data_dir = wh.join("demo").join("orders").join("data");
-    let victim = std::fs::read_dir(&data_dir).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.to_string_lossy().contains("data-")).unwrap();
+    let victim =
+        std::fs::read_dir(&data_dir).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.to_string_lossy().contains("data-")).unwrap();
     std::fs::write(&victim, b"not parquet at all").unwrap();
     let out = cdc(&["changes", "--config", good]);
     assert_eq!(code(&out), exit::DATA, "{}", String::from_utf8_lossy(&out.stderr));
@@ -363,10 +364,8 @@ async fn sync_bad_input_commits_nothing() {
     assert!(!tw.join("replica").join("keyless").exists(), "nothing created");
 
     // unreachable target catalog
-    let body = sync_config(&wh, "replica.x", &tw, "").replace(
-        &format!("type = \"hadoop\"\nwarehouse = \"{}\"", tw.display()),
-        "type = \"rest\"\nuri = \"http://127.0.0.1:9\"",
-    );
+    let body = sync_config(&wh, "replica.x", &tw, "")
+        .replace(&format!("type = \"hadoop\"\nwarehouse = \"{}\"", tw.display()), "type = \"rest\"\nuri = \"http://127.0.0.1:9\"");
     let out = cdc(&["sync", "--config", config(dir.path(), &body).to_str().unwrap()]);
     assert_eq!(code(&out), exit::CATALOG, "{}", String::from_utf8_lossy(&out.stderr));
 
@@ -413,7 +412,9 @@ async fn a_paused_applier_replans_instead_of_reapplying() {
     // more history: three more commits
     let mut t = table.clone();
     for i in 0..3i64 {
-        t = quickstart::commit_changes(&catalog, &t, &[(100 + i, "later", 1000 + i as i128), (1, "changed-again", 7 + i as i128)], &[2 + i]).await.unwrap();
+        t = quickstart::commit_changes(&catalog, &t, &[(100 + i, "later", 1000 + i as i128), (1, "changed-again", 7 + i as i128)], &[2 + i])
+            .await
+            .unwrap();
     }
     let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
     let tw = dir.path().join("target");
@@ -457,7 +458,9 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
     let mut t = table.clone();
     for i in 0..6i64 {
-        t = quickstart::commit_changes(&catalog, &t, &[(200 + i, "more", 10 + i as i128), (1 + (i % 3), "upd", 20 + i as i128)], &[100 + i]).await.unwrap();
+        t = quickstart::commit_changes(&catalog, &t, &[(200 + i, "more", 10 + i as i128), (1 + (i % 3), "upd", 20 + i as i128)], &[100 + i])
+            .await
+            .unwrap();
     }
     let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
     for (kind, trials) in [("hadoop", 4), ("sql", 4)] {
@@ -545,7 +548,9 @@ async fn disk_full_names_the_file_and_exits_with_the_io_code() {
 #[tokio::test(flavor = "multi_thread")]
 async fn types_spark_cannot_write_go_through_changes_and_sync() {
     use arrow_array::builder::{Int64Builder, MapBuilder, StringBuilder};
-    use arrow_array::{ArrayRef, FixedSizeBinaryArray, Int64Array, ListArray, RecordBatch, StructArray, Time64MicrosecondArray, TimestampNanosecondArray};
+    use arrow_array::{
+        ArrayRef, FixedSizeBinaryArray, Int64Array, ListArray, RecordBatch, StructArray, Time64MicrosecondArray, TimestampNanosecondArray,
+    };
     use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType as P, Schema, StructType, Type};
     use std::sync::Arc;
 
@@ -572,11 +577,7 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
         .with_identifier_field_ids(vec![1])
         .build()
         .unwrap();
-    let creation = iceberg::TableCreation::builder()
-        .name("types".into())
-        .schema(schema)
-        .format_version(iceberg::spec::FormatVersion::V3)
-        .build();
+    let creation = iceberg::TableCreation::builder().name("types".into()).schema(schema).format_version(iceberg::spec::FormatVersion::V3).build();
     let mut t = cat.create_table("demo.types", creation).await.unwrap();
     let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(t.metadata().current_schema()).unwrap());
     let batch = |ids: &[i64], salt: u8| -> RecordBatch {
@@ -603,7 +604,8 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
         let offsets = arrow_buffer::OffsetBuffer::from_lengths(vec![1; n]);
         let l: ArrayRef = Arc::new(ListArray::new(el, offsets, Arc::new(values), None));
         let arrow_schema::DataType::Struct(sf) = arrow.field(7).data_type().clone() else { panic!() };
-        let s: ArrayRef = Arc::new(StructArray::new(sf, vec![Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|_| [salt, 0xAB])).unwrap())], None));
+        let s: ArrayRef =
+            Arc::new(StructArray::new(sf, vec![Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|_| [salt, 0xAB])).unwrap())], None));
         RecordBatch::try_new(
             arrow.clone(),
             vec![
@@ -624,7 +626,7 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
     let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
     t = cat.commit(&t, c.requirements, c.updates).await.unwrap();
     let upd = batch(&[2, 4], 2);
-    let data = iceberg_cdc::sink::iceberg::files::write_data(&t, &[upd.clone()]).await.unwrap();
+    let data = iceberg_cdc::sink::iceberg::files::write_data(&t, std::slice::from_ref(&upd)).await.unwrap();
     let dels = iceberg_cdc::sink::iceberg::files::write_equality_deletes(&t, vec![1], &[upd]).await.unwrap();
     let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(data).add_delete_files(dels).prepare(&t).await.unwrap();
     t = cat.commit(&t, c.requirements, c.updates).await.unwrap();
@@ -656,7 +658,10 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
     assert!(std::fs::metadata(&pq).unwrap().len() > 0);
 
     let tw = dir.path().join("target");
-    let sbody = format!("{body}\n[target]\ntable = \"replica.types\"\nformat_version = 3\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display());
+    let sbody = format!(
+        "{body}\n[target]\ntable = \"replica.types\"\nformat_version = 3\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        tw.display()
+    );
     let scfg = config(dir.path(), &sbody);
     let lineage = iceberg_cdc::source::lineage::main_lineage(t.metadata());
     ok(cdc(&["sync", "--config", scfg.to_str().unwrap(), "--to-snapshot", &lineage[0].snapshot_id().to_string()]));

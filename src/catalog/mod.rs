@@ -31,7 +31,7 @@ const SQL_NAME_PROP: &str = "name";
 pub enum Catalog {
     Hadoop(HadoopCatalog),
     Sql { inner: SqlCatalog, pool: sqlx::SqlitePool, name: String },
-    Rest(RestCatalog, rest::RestCommitter),
+    Rest(Box<RestCatalog>, rest::RestCommitter),
 }
 
 fn local_file_io() -> FileIO {
@@ -91,7 +91,7 @@ impl Catalog {
                     .await
                     .map_err(|e| Error::catalog(label, format!("REST catalog {uri}: {e}"), e.retryable()))?;
                 let committer = rest::RestCommitter::connect(&props).await?;
-                Ok(Catalog::Rest(cat, committer))
+                Ok(Catalog::Rest(Box::new(cat), committer))
             }
         }
     }
@@ -151,7 +151,7 @@ impl Catalog {
                     iceberg::spec::FormatVersion::V3 => "3",
                 };
                 creation.properties.insert("format-version".into(), v.into());
-                Self::create_via(c, &ns, creation).await
+                Self::create_via(c.as_ref(), &ns, creation).await
             }
         }
     }

@@ -64,7 +64,8 @@ impl RestCommitter {
                 let url = props.get("oauth2-server-uri").cloned().unwrap_or_else(|| format!("{base}/v1/oauth/tokens"));
                 let scope = props.get("scope").cloned().unwrap_or_else(|| "catalog".into());
                 let form = [("grant_type", "client_credentials"), ("client_id", id), ("client_secret", secret), ("scope", scope.as_str())];
-                let resp = client.post(&url).form(&form).send().await.map_err(|e| Error::catalog(CATALOG, format!("token request to {url}: {e}"), true))?;
+                let resp =
+                    client.post(&url).form(&form).send().await.map_err(|e| Error::catalog(CATALOG, format!("token request to {url}: {e}"), true))?;
                 if !resp.status().is_success() {
                     return Err(Error::catalog(CATALOG, format!("token request to {url}: HTTP {}", resp.status()), false));
                 }

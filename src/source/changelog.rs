@@ -11,19 +11,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::{BooleanArray, RecordBatch};
+use arrow_row::RowConverter;
 use arrow_schema::SchemaRef;
 use futures::TryStreamExt;
 use iceberg::io::FileIO;
 use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotRef, Type};
 use iceberg::table::Table;
-use arrow_row::RowConverter;
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
 use crate::source::files::{self, FileEntry};
-use crate::source::net::{NetStats, Netter, Side};
 use crate::source::lineage;
+use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::spec::rowenc;
 
@@ -190,11 +190,8 @@ impl<'a> ChangelogScan<'a> {
     /// Emits the change rows of one snapshot, in key order.
     pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
-        let mut stats = SnapshotStats {
-            snapshot_id: snapshot.snapshot_id(),
-            operation: snapshot.summary().operation.as_str().to_string(),
-            ..Default::default()
-        };
+        let mut stats =
+            SnapshotStats { snapshot_id: snapshot.snapshot_id(), operation: snapshot.summary().operation.as_str().to_string(), ..Default::default() };
         // Compaction and other rewrites change files, never rows.
         if snapshot.summary().operation == Operation::Replace {
             return Ok(stats);
@@ -206,9 +203,11 @@ impl<'a> ChangelogScan<'a> {
             .key_ids
             .iter()
             .map(|id| {
-                data_schema.fields().iter().position(|f| reader::field_id(f) == Some(*id)).ok_or_else(|| {
-                    Error::Key(format!("key field id {id} does not exist in the schema of snapshot {}", snapshot.snapshot_id()))
-                })
+                data_schema
+                    .fields()
+                    .iter()
+                    .position(|f| reader::field_id(f) == Some(*id))
+                    .ok_or_else(|| Error::Key(format!("key field id {id} does not exist in the schema of snapshot {}", snapshot.snapshot_id())))
             })
             .collect::<Result<Vec<_>>>()?;
 
@@ -407,35 +406,37 @@ impl ChangelogScan<'_> {
             let mut kept: Option<Vec<(RecordBatch, Vec<u128>)>> = (parts == 1).then(Vec::new);
             let mut kept_bytes = 0u64;
             let keep_limit = self.opts.memory_budget / 2;
-            add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
-                if side == Side::Added {
-                    let f = fps(&b)?;
-                    for fp in &f {
-                        if mine(*fp) {
-                            *counts.entry(*fp).or_default() += 1;
+            add(self
+                .push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
+                    if side == Side::Added {
+                        let f = fps(&b)?;
+                        for fp in &f {
+                            if mine(*fp) {
+                                *counts.entry(*fp).or_default() += 1;
+                            }
+                        }
+                        if let Some(k) = kept.as_mut() {
+                            kept_bytes += b.get_array_memory_size() as u64 + 16 * f.len() as u64;
+                            if kept_bytes > keep_limit {
+                                kept = None;
+                            } else {
+                                k.push((b, f));
+                            }
                         }
                     }
-                    if let Some(k) = kept.as_mut() {
-                        kept_bytes += b.get_array_memory_size() as u64 + 16 * f.len() as u64;
-                        if kept_bytes > keep_limit {
-                            kept = None;
-                        } else {
-                            k.push((b, f));
-                        }
+                    Ok(())
+                })
+                .await?);
+            add(self
+                .push_rows(snapshot, removers.clone(), schema, schema_id, &mut |side, b| {
+                    if side != Side::Removed {
+                        return Ok(());
                     }
-                }
-                Ok(())
-            })
-            .await?);
-            add(self.push_rows(snapshot, removers.clone(), schema, schema_id, &mut |side, b| {
-                if side != Side::Removed {
-                    return Ok(());
-                }
-                // a removed row survives unless an identical added row was counted
-                let keep = consume(&mut counts, fps(&b)?, &mine).into_iter().map(|m| m == Some(false)).collect();
-                push_masked(netter, Side::Removed, &b, keep)
-            })
-            .await?);
+                    // a removed row survives unless an identical added row was counted
+                    let keep = consume(&mut counts, fps(&b)?, &mine).into_iter().map(|m| m == Some(false)).collect();
+                    push_masked(netter, Side::Removed, &b, keep)
+                })
+                .await?);
             // an added row survives while its count (what no removed row cancelled) lasts
             let mut keep_counted = |b: &RecordBatch, f: Vec<u128>| -> Result<()> {
                 let keep = consume(&mut counts, f, &mine).into_iter().map(|m| m == Some(true)).collect();
@@ -447,13 +448,14 @@ impl ChangelogScan<'_> {
                         keep_counted(&b, f)?;
                     }
                 }
-                None => add(self.push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
-                    if side != Side::Added {
-                        return Ok(());
-                    }
-                    keep_counted(&b, fps(&b)?)
-                })
-                .await?),
+                None => add(self
+                    .push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
+                        if side != Side::Added {
+                            return Ok(());
+                        }
+                        keep_counted(&b, fps(&b)?)
+                    })
+                    .await?),
             }
         }
         Ok(totals)
@@ -475,7 +477,12 @@ impl ChangelogScan<'_> {
             })
             .collect();
         let (mut rx, driver) = self.read_files(jobs, data_schema, schema.schema_id());
-        let commit = CommitInfo { snapshot_id: snapshot.snapshot_id(), sequence_number: snapshot.sequence_number(), timestamp_ms: snapshot.timestamp_ms(), ordinal: 0 };
+        let commit = CommitInfo {
+            snapshot_id: snapshot.snapshot_id(),
+            sequence_number: snapshot.sequence_number(),
+            timestamp_ms: snapshot.timestamp_ms(),
+            ordinal: 0,
+        };
         let out_data_schema = data_part(&self.out_schema);
         let mut stats = SnapshotStats { snapshot_id: snapshot.snapshot_id(), operation: "bootstrap".into(), ..Default::default() };
         let mut failed = None;
@@ -509,12 +516,9 @@ impl ChangelogScan<'_> {
     /// A missing file under a snapshot whose parent was expired is an expiry problem, not corruption.
     fn explain(&self, snapshot: &SnapshotRef, e: Error) -> Error {
         match (e, snapshot.parent_snapshot_id()) {
-            (Error::MissingFile { path }, Some(parent)) if self.table.metadata().snapshot_by_id(parent).is_none() => Error::ExpiredParent {
-                table: self.table.identifier().to_string(),
-                snapshot: snapshot.snapshot_id(),
-                parent,
-                path,
-            },
+            (Error::MissingFile { path }, Some(parent)) if self.table.metadata().snapshot_by_id(parent).is_none() => {
+                Error::ExpiredParent { table: self.table.identifier().to_string(), snapshot: snapshot.snapshot_id(), parent, path }
+            }
             (e, _) => e,
         }
     }
@@ -523,8 +527,14 @@ impl ChangelogScan<'_> {
 /// Seeds fixed so that every read of a snapshot fingerprints a row the same way (SHA-512's initial words; not the
 /// digits of pi, which ahash XORs its seeds with — those zero its keys).
 const FP_SEEDS: [u64; 8] = [
-    0x6a09e667f3bcc908, 0xbb67ae8584caa73b, 0x3c6ef372fe94f82b, 0xa54ff53a5f1d36f1,
-    0x510e527fade682d1, 0x9b05688c2b3e6c1f, 0x1f83d9abfb41bd6b, 0x5be0cd19137e2179,
+    0x6a09e667f3bcc908,
+    0xbb67ae8584caa73b,
+    0x3c6ef372fe94f82b,
+    0xa54ff53a5f1d36f1,
+    0x510e527fade682d1,
+    0x9b05688c2b3e6c1f,
+    0x1f83d9abfb41bd6b,
+    0x5be0cd19137e2179,
 ];
 
 /// Fingerprints are hashes already: the map uses their low bits instead of hashing them again.
@@ -612,7 +622,15 @@ fn touched_files(plan: &files::SnapshotFiles) -> Vec<Arc<FileEntry>> {
     v
 }
 
-async fn load_state(file_io: &FileIO, cache: &DeleteCache, data: &FileEntry, exists: bool, deletes: &[Arc<FileEntry>], schema: &SchemaRef, schema_id: i32) -> Result<StateDeletes> {
+async fn load_state(
+    file_io: &FileIO,
+    cache: &DeleteCache,
+    data: &FileEntry,
+    exists: bool,
+    deletes: &[Arc<FileEntry>],
+    schema: &SchemaRef,
+    schema_id: i32,
+) -> Result<StateDeletes> {
     let mut st = StateDeletes { exists, ..Default::default() };
     if !exists {
         return Ok(st);
@@ -673,11 +691,8 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
     if !st.exists {
         return Ok(vec![false; n]);
     }
-    let mut live: Vec<bool> = if st.positions.is_empty() {
-        vec![true; n]
-    } else {
-        (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect()
-    };
+    let mut live: Vec<bool> =
+        if st.positions.is_empty() { vec![true; n] } else { (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect() };
     for (eq, conv, idx) in &st.eq {
         let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
         let rows = conv.convert_columns(&cols)?;
@@ -725,8 +740,6 @@ async fn diff_file(
     }
     Ok(offset)
 }
-
-
 
 #[cfg(test)]
 mod fp_tests {

@@ -51,9 +51,11 @@ pub struct SnapshotFiles {
 
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let meta = table.metadata();
-    let list = table.manifest_list_reader(snapshot).load().await.map_err(|e| {
-        Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id()))
-    })?;
+    let list = table
+        .manifest_list_reader(snapshot)
+        .load()
+        .await
+        .map_err(|e| Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())))?;
     let file_io = table.file_io().clone();
     let manifests: Vec<_> = futures::stream::iter(list.consume_entries().into_iter().map(|mf| {
         let file_io = file_io.clone();
@@ -71,9 +73,9 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
     for (spec_id, manifest) in manifests {
         let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
         for entry in manifest.entries() {
-            let seq = entry.sequence_number().ok_or_else(|| {
-                Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)")
-            })?;
+            let seq = entry
+                .sequence_number()
+                .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
             let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned });
             let is_data = entry.content_type() == DataContentType::Data;
             let (before, after) = match entry.status() {
@@ -121,8 +123,7 @@ pub fn delete_applies(delete: &FileEntry, data: &FileEntry) -> bool {
             }
         }
         DataContentType::EqualityDeletes => {
-            delete.seq > data.seq
-                && (delete.unpartitioned || (delete.spec_id == data.spec_id && delete.partition() == data.partition()))
+            delete.seq > data.seq && (delete.unpartitioned || (delete.spec_id == data.spec_id && delete.partition() == data.partition()))
         }
         DataContentType::Data => false,
     }

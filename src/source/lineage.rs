@@ -35,11 +35,7 @@ pub fn main_lineage(meta: &TableMetadata) -> Vec<SnapshotRef> {
 
 /// The schema a snapshot was written with (the current one for snapshots that do not say).
 pub fn snapshot_schema(meta: &TableMetadata, snapshot: Option<&SnapshotRef>) -> iceberg::spec::SchemaRef {
-    snapshot
-        .and_then(|s| s.schema_id())
-        .and_then(|id| meta.schema_by_id(id))
-        .cloned()
-        .unwrap_or_else(|| meta.current_schema().clone())
+    snapshot.and_then(|s| s.schema_id()).and_then(|id| meta.schema_by_id(id)).cloned().unwrap_or_else(|| meta.current_schema().clone())
 }
 
 /// Resolves (A exclusive, B inclusive] into the snapshots whose changes are read, oldest first.
@@ -57,10 +53,13 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
         }
         Some(Bound::TimestampMs(ts)) => match lineage.iter().rev().find(|s| s.timestamp_ms() <= ts) {
             Some(s) => s.snapshot_id(),
-            None => return Err(Error::Range(format!(
-                "--to-timestamp {} is before the first snapshot of `{table}` ({})",
-                fmt_ms(ts), fmt_ms(lineage[0].timestamp_ms())
-            ))),
+            None => {
+                return Err(Error::Range(format!(
+                    "--to-timestamp {} is before the first snapshot of `{table}` ({})",
+                    fmt_ms(ts),
+                    fmt_ms(lineage[0].timestamp_ms())
+                )))
+            }
         },
     };
     // Ancestry of B, oldest first (B may be off the main branch's head but must be reachable through parents).
@@ -86,9 +85,7 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
             // Tell "A after B" apart from "A on another line of history" (rolled back, another branch).
             let on_main = lineage.iter().any(|s| s.snapshot_id() == start);
             if on_main && is_ancestor(meta, end_id, start) {
-                Err(Error::Range(format!(
-                    "start snapshot {start} comes after end snapshot {end_id}; swap --from and --to"
-                )))
+                Err(Error::Range(format!("start snapshot {start} comes after end snapshot {end_id}; swap --from and --to")))
             } else {
                 Err(Error::Range(format!(
                     "start snapshot {start} is not an ancestor of end snapshot {end_id} in `{table}` (the history was rewritten or the snapshot is on another branch); pick a start from `cdc snapshots`"

@@ -192,7 +192,11 @@ impl Merge {
                     None => Some(i),
                     Some(b) => {
                         let (cb, cc) = (&cursors[b], c);
-                        if cc.enc().cmp_rows(cc.pos, cb.enc(), cb.pos).is_lt() { Some(i) } else { Some(b) }
+                        if cc.enc().cmp_rows(cc.pos, cb.enc(), cb.pos).is_lt() {
+                            Some(i)
+                        } else {
+                            Some(b)
+                        }
                     }
                 };
             }
@@ -228,7 +232,11 @@ impl Merge {
         net_group(group, cursors, out);
         group.clear();
         self.done = true;
-        if out.picks.is_empty() { Ok(None) } else { Ok(Some(out.flush(cursors)?)) }
+        if out.picks.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(out.flush(cursors)?))
+        }
     }
 }
 
@@ -250,7 +258,9 @@ impl Encoded {
         Ok(Encoded { batch, key, full, side })
     }
     fn cmp_rows(&self, a: usize, other: &Encoded, b: usize) -> std::cmp::Ordering {
-        self.key.row(a).cmp(&other.key.row(b))
+        self.key
+            .row(a)
+            .cmp(&other.key.row(b))
             .then_with(|| self.full.row(a).cmp(&other.full.row(b)))
             .then_with(|| self.side.value(a).cmp(&other.side.value(b)))
     }
@@ -420,10 +430,7 @@ mod tests {
     fn batch(rows: &[(i64, &str)]) -> RecordBatch {
         RecordBatch::try_new(
             schema(),
-            vec![
-                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
-            ],
+            vec![Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))), Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1)))],
         )
         .unwrap()
     }
@@ -476,8 +483,11 @@ mod tests {
     #[test]
     fn spilling_gives_the_same_answer() {
         let removed: Vec<(i64, String)> = (0..5000).map(|i| (i, format!("v{i}"))).collect();
-        let added: Vec<(i64, String)> =
-            (0..5000).filter(|i| i % 10 != 3).map(|i| (i, if i % 7 == 0 { format!("w{i}") } else { format!("v{i}") })).chain((5000..5100).map(|i| (i, format!("n{i}")))).collect();
+        let added: Vec<(i64, String)> = (0..5000)
+            .filter(|i| i % 10 != 3)
+            .map(|i| (i, if i % 7 == 0 { format!("w{i}") } else { format!("v{i}") }))
+            .chain((5000..5100).map(|i| (i, format!("n{i}"))))
+            .collect();
         let r: Vec<(i64, &str)> = removed.iter().map(|(i, s)| (*i, s.as_str())).collect();
         let a: Vec<(i64, &str)> = added.iter().map(|(i, s)| (*i, s.as_str())).collect();
         let (big, s1) = run(vec![0], 1 << 30, &r, &a);

@@ -39,18 +39,12 @@ async fn open(file_io: &FileIO, path: &str) -> Result<ParquetRecordBatchStreamBu
         }
     })?;
     let reader = input.reader().await.map_err(|e| err(&e))?;
-    ParquetRecordBatchStreamBuilder::new(ArrowFileReader::new(meta, reader))
-        .await
-        .map_err(|e| err(&format!("not a readable Parquet file: {e}")))
+    ParquetRecordBatchStreamBuilder::new(ArrowFileReader::new(meta, reader)).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))
 }
 
 /// Streams the rows of a Parquet data file, projected by field id onto `target`, in file order (so the n-th row
 /// overall is at position n).
-pub async fn read_data_file(
-    file_io: &FileIO,
-    path: &str,
-    target: SchemaRef,
-) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
+pub async fn read_data_file(file_io: &FileIO, path: &str, target: SchemaRef) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
     let builder = open(file_io, path).await?;
     let file_schema = builder.schema().clone();
     let wanted: HashSet<i32> = target.fields().iter().filter_map(|f| field_id(f)).collect();
@@ -66,11 +60,7 @@ pub async fn read_data_file(
         .map(|(i, _)| i)
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let stream = builder
-        .with_projection(mask)
-        .with_batch_size(BATCH_SIZE)
-        .build()
-        .map_err(|e| Error::data(path, e))?;
+    let stream = builder.with_projection(mask).with_batch_size(BATCH_SIZE).build().map_err(|e| Error::data(path, e))?;
     let path = path.to_string();
     Ok(stream.map(move |b| {
         let b = b.map_err(|e| Error::data(&path, e))?;
@@ -101,7 +91,10 @@ pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashM
     let builder = open(file_io, path).await?;
     let schema = builder.schema().clone();
     let find = |id: i32, name: &str| {
-        schema.fields().iter().position(|f| field_id(f) == Some(id) || f.name() == name)
+        schema
+            .fields()
+            .iter()
+            .position(|f| field_id(f) == Some(id) || f.name() == name)
             .ok_or_else(|| Error::data(path, format!("position-delete file has no `{name}` column")))
     };
     let (pi, qi) = (find(POS_DELETE_FILE_PATH_ID, "file_path")?, find(POS_DELETE_POS_ID, "pos")?);
@@ -135,9 +128,10 @@ pub async fn read_dv(file_io: &FileIO, entry: &FileEntry) -> Result<RoaringTreem
     let blob = reader.read(off..off + len).await.map_err(|e| Error::data(path, e))?;
     let bm = dv::decode(&blob).map_err(|e| Error::data(path, e))?;
     if bm.len() != entry.file.record_count() {
-        return Err(Error::data(path, format!(
-            "deletion vector holds {} positions but its manifest entry says {}", bm.len(), entry.file.record_count()
-        )));
+        return Err(Error::data(
+            path,
+            format!("deletion vector holds {} positions but its manifest entry says {}", bm.len(), entry.file.record_count()),
+        ));
     }
     Ok(bm)
 }

@@ -118,12 +118,9 @@ mod tests {
     fn nested_rename_widen_and_add_by_id() {
         // input: s struct<a int (id 2), b string (id 3)> (id 1)
         let in_fields = Fields::from(vec![f("a", 2, DataType::Int32), f("b", 3, DataType::Utf8)]);
-        let s = StructArray::try_new(
-            in_fields.clone(),
-            vec![Arc::new(Int32Array::from(vec![1, 2])), Arc::new(StringArray::from(vec!["x", "y"]))],
-            None,
-        )
-        .unwrap();
+        let s =
+            StructArray::try_new(in_fields.clone(), vec![Arc::new(Int32Array::from(vec![1, 2])), Arc::new(StringArray::from(vec!["x", "y"]))], None)
+                .unwrap();
         let in_schema = Arc::new(Schema::new(vec![f("s", 1, DataType::Struct(in_fields))]));
         let batch = RecordBatch::try_new(in_schema, vec![Arc::new(s)]).unwrap();
         // output: s2 struct<bb string (id 3, renamed, reordered), a long (id 2, widened), c int (id 4, new)> (id 1)

@@ -60,11 +60,7 @@ pub fn encodable_array(col: &ArrayRef) -> ArrayRef {
         DataType::Struct(fields) => {
             let s = col.as_any().downcast_ref::<StructArray>().expect("struct type");
             let children: Vec<ArrayRef> = s.columns().iter().map(encodable_array).collect();
-            let fields: Fields = fields
-                .iter()
-                .zip(&children)
-                .map(|(f, c)| Arc::new(Field::new(f.name(), c.data_type().clone(), true)))
-                .collect();
+            let fields: Fields = fields.iter().zip(&children).map(|(f, c)| Arc::new(Field::new(f.name(), c.data_type().clone(), true))).collect();
             Arc::new(StructArray::new(fields, children, s.nulls().cloned()))
         }
         DataType::List(f) => {
@@ -92,9 +88,9 @@ pub fn convert(conv: &RowConverter, cols: &[ArrayRef]) -> Result<Rows> {
 /// must accept columns whose nested fields carry other names or metadata (relaxed schemas, renamed fields).
 fn normalized(dt: &DataType) -> DataType {
     match dt {
-        DataType::Struct(fields) => DataType::Struct(
-            fields.iter().enumerate().map(|(i, f)| Arc::new(Field::new(format!("f{i}"), normalized(f.data_type()), true))).collect(),
-        ),
+        DataType::Struct(fields) => {
+            DataType::Struct(fields.iter().enumerate().map(|(i, f)| Arc::new(Field::new(format!("f{i}"), normalized(f.data_type()), true))).collect())
+        }
         DataType::List(f) => DataType::List(Arc::new(Field::new("item", normalized(f.data_type()), true))),
         DataType::LargeList(f) => DataType::LargeList(Arc::new(Field::new("item", normalized(f.data_type()), true))),
         other => other.clone(),

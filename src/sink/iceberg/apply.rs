@@ -91,7 +91,11 @@ impl CommitWriter {
         Ok(CommitWriter {
             table: table.clone(),
             data: PartitionedWriter::new(table, &schema, Content::Data, size)?,
-            eq: if spec.bootstrap { None } else { Some(PartitionedWriter::new(table, &schema, Content::EqualityDeletes(spec.equality_ids.clone()), size)?) },
+            eq: if spec.bootstrap {
+                None
+            } else {
+                Some(PartitionedWriter::new(table, &schema, Content::EqualityDeletes(spec.equality_ids.clone()), size)?)
+            },
             schema,
             arrow,
             to_source: spec.map.inverse(),
@@ -275,7 +279,6 @@ fn to_target(batch: &RecordBatch, target: &SchemaRef, to_source: &HashMap<i32, i
     }
     Ok(RecordBatch::try_new(target.clone(), cols)?)
 }
-
 
 impl crate::change::ChangeSink for CommitWriter {
     async fn write(&mut self, batch: RecordBatch) -> Result<()> {

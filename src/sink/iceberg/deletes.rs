@@ -37,7 +37,12 @@ fn position_delete_schema() -> Result<Schema> {
 
 /// A v2 position-delete file holding `deletes` (data file path → positions), sorted by path then position as the
 /// spec requires. All referenced files must be in `partition`.
-pub async fn write_position_delete_file(file_io: &FileIO, path: &str, partition: &Partition, deletes: &BTreeMap<String, RoaringTreemap>) -> Result<DataFile> {
+pub async fn write_position_delete_file(
+    file_io: &FileIO,
+    path: &str,
+    partition: &Partition,
+    deletes: &BTreeMap<String, RoaringTreemap>,
+) -> Result<DataFile> {
     let schema = Arc::new(position_delete_schema()?);
     let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
     let mut w = ParquetWriterBuilder::new(WriterProperties::builder().build(), schema).build(file_io.new_output(path)?).await?;

@@ -48,7 +48,8 @@ impl FieldMap {
         let mut ids = BTreeMap::new();
         for pair in value.split(',').filter(|p| !p.trim().is_empty()) {
             let parsed = pair.split_once(':').and_then(|(s, t)| Some((s.trim().parse().ok()?, t.trim().parse().ok()?)));
-            let (s, t) = parsed.ok_or_else(|| Error::Schema(format!("target property {FIELD_IDS_PREFIX}…: `{pair}` is not `source-id:target-id`")))?;
+            let (s, t) =
+                parsed.ok_or_else(|| Error::Schema(format!("target property {FIELD_IDS_PREFIX}…: `{pair}` is not `source-id:target-id`")))?;
             ids.insert(s, t);
         }
         Ok(FieldMap { ids })
@@ -253,7 +254,11 @@ fn collect_ids(t: &Type, out: &mut HashSet<i32>) {
 }
 
 fn path(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
 }
 
 fn evolve_struct(cx: &mut Ctx, prefix: &str, source: &[NestedFieldRef], target: Option<&[NestedFieldRef]>) -> Vec<NestedFieldRef> {
@@ -464,11 +469,7 @@ mod tests {
     fn rename_widen_add_drop_reorder_by_id() {
         // target ids differ from source ids: source 1,2,3 → target 10,11,12
         let target = schema(
-            vec![
-                NestedField::required(10, "id", int()),
-                NestedField::optional(11, "name", string()),
-                NestedField::optional(12, "gone", string()),
-            ],
+            vec![NestedField::required(10, "id", int()), NestedField::optional(11, "name", string()), NestedField::optional(12, "gone", string())],
             vec![10],
         );
         let map = FieldMap { ids: BTreeMap::from([(1, 10), (2, 11), (3, 12)]) };
@@ -488,11 +489,14 @@ mod tests {
         assert_eq!(e.map.ids, BTreeMap::from([(1, 10), (2, 11), (4, 13)]));
         assert_eq!(e.schema.identifier_field_ids().collect::<Vec<_>>(), vec![10]);
         // keeping dropped columns moves the old one out of the way
-        let e = evolve(&target, 12, &map, &source, &[1], 7, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true }).unwrap();
+        let e = evolve(&target, 12, &map, &source, &[1], 7, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true })
+            .unwrap();
         assert!(e.schema.field_by_name("gone__dropped_12").is_some());
         assert_eq!(e.schema.field_by_name("gone").unwrap().id, 13);
         // the same schema again: nothing to do
-        let again = evolve(&e.schema, 13, &e.map, &source, &[1], 8, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true }).unwrap();
+        let again =
+            evolve(&e.schema, 13, &e.map, &source, &[1], 8, &HashSet::new(), EvolveOptions { keep_dropped_columns: true, defaults_allowed: true })
+                .unwrap();
         assert!(!again.changed, "{:?}", again.changes);
     }
 
@@ -518,7 +522,11 @@ mod tests {
         let source = schema(
             vec![
                 NestedField::required(1, "id", int()),
-                NestedField::optional(5, "m", Type::Map(MapType::new(Arc::new(NestedField::required(6, "key", string())), Arc::new(NestedField::optional(7, "value", int()))))),
+                NestedField::optional(
+                    5,
+                    "m",
+                    Type::Map(MapType::new(Arc::new(NestedField::required(6, "key", string())), Arc::new(NestedField::optional(7, "value", int())))),
+                ),
             ],
             vec![1],
         );

@@ -70,7 +70,9 @@ impl PartitionedWriter {
             Content::EqualityDeletes(ids) => {
                 let fields: Vec<_> = ids
                     .iter()
-                    .map(|id| table_schema.field_by_id(*id).cloned().ok_or_else(|| Error::Schema(format!("equality field id {id} not in target schema"))))
+                    .map(|id| {
+                        table_schema.field_by_id(*id).cloned().ok_or_else(|| Error::Schema(format!("equality field id {id} not in target schema")))
+                    })
                     .collect::<Result<_>>()?;
                 let arrow = iceberg::arrow::schema_to_arrow_schema(&table_schema)?;
                 let idx = ids
@@ -208,7 +210,8 @@ pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batch
 /// A failed write names its file; I/O failures (disk full, permissions) keep the I/O exit code.
 fn io_error(path: &str, e: iceberg::Error) -> Error {
     let message = error_chain(&e);
-    let io = message.contains("os error") || message.contains("No space left") || e.kind() == iceberg::ErrorKind::Unexpected && message.contains("I/O");
+    let io =
+        message.contains("os error") || message.contains("No space left") || e.kind() == iceberg::ErrorKind::Unexpected && message.contains("I/O");
     if io {
         Error::Io { path: path.to_string(), message, retryable: false }
     } else {

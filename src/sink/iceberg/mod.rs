@@ -4,5 +4,5 @@ pub mod deletes;
 pub mod evolve;
 pub mod files;
 pub mod progress;
-pub mod target;
 pub mod rowdelta;
+pub mod target;

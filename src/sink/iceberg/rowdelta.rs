@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::spec::{
-    DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder,
-    Operation, Schema, Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
+    DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, Schema,
+    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
 };
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
@@ -107,9 +107,7 @@ impl RowDelta {
             None => Vec::new(),
         };
         let mut collector = SnapshotSummaryCollector::default();
-        for (n, (content, files)) in [(ManifestContentType::Data, &self.data), (ManifestContentType::Deletes, &self.deletes)]
-            .into_iter()
-            .enumerate()
+        for (n, (content, files)) in [(ManifestContentType::Data, &self.data), (ManifestContentType::Deletes, &self.deletes)].into_iter().enumerate()
         {
             if files.is_empty() {
                 continue;

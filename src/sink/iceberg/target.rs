@@ -65,7 +65,8 @@ pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schem
             None => {
                 // Created by an applier that has not committed yet: its creation schema is the source schema it
                 // names, position for position, so the mapping is exact. Else (a table made by hand): by name.
-                let created_from = meta.properties().get(&created_from_key).and_then(|v| v.parse::<i32>().ok()).and_then(|id| source.schema_by_id(id));
+                let created_from =
+                    meta.properties().get(&created_from_key).and_then(|v| v.parse::<i32>().ok()).and_then(|id| source.schema_by_id(id));
                 let first = meta.schemas_iter().min_by_key(|s| s.schema_id());
                 match (created_from, first) {
                     (Some(src), Some(first)) => FieldMap::by_position(src, first)?,
@@ -83,11 +84,10 @@ pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schem
     // Identifier fields must be required; equality deletes work either way.
     let all_required = !key.is_empty() && key.iter().all(|id| schema.field_by_id(*id).is_some_and(|f| f.required));
     let fields = schema.as_struct().fields().iter();
-    let fields: Vec<_> = if format_version >= 3 { fields.cloned().collect() } else { fields.map(|f| std::sync::Arc::new(evolve::without_defaults(f))).collect() };
-    let create_schema = Schema::builder()
-        .with_fields(fields)
-        .with_identifier_field_ids(if all_required { key.to_vec() } else { Vec::new() })
-        .build()?;
+    let fields: Vec<_> =
+        if format_version >= 3 { fields.cloned().collect() } else { fields.map(|f| std::sync::Arc::new(evolve::without_defaults(f))).collect() };
+    let create_schema =
+        Schema::builder().with_fields(fields).with_identifier_field_ids(if all_required { key.to_vec() } else { Vec::new() }).build()?;
     // The source's spec, when every column it partitions by exists in the starting schema.
     let src_spec = source.default_partition_spec();
     let spec: UnboundPartitionSpec = if src_spec.fields().iter().all(|f| schema.field_by_id(f.source_id).is_some()) {
