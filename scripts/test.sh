@@ -7,8 +7,7 @@ export CARGO_TERM_COLOR=never
 
 echo "== format + lints" >&2
 cargo fmt --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; exit 1; }
-cargo clippy --all-targets --locked -- -D warnings 2>&1 | tail -n 40 | grep -E "^(error|warning)" -A8 && { echo "clippy failed" >&2; exit 1; }
-cargo clippy --all-targets --locked -- -D warnings >/dev/null 2>&1 || { echo "clippy failed" >&2; exit 1; }
+cargo clippy --all-targets --locked -- -D warnings || { echo "cargo clippy failed" >&2; exit 1; }
 
 echo "== unit + CLI tests" >&2
 cargo test --locked 2>&1 | tee .ci-cargo-test.log | grep -E "^(test result|running|error|failures:|---- )" || true

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 512 * 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub source: SourceConfig,
@@ -27,9 +27,11 @@ pub enum WriteMode {
     MergeOnRead,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A target table. `C` is how its catalog is given: inline (`[target.catalog]`, the default) or, in the service's
+/// file, by the name of a `[catalogs.<name>]` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct TargetConfig {
+pub struct TargetConfig<C = CatalogConfig> {
     pub table: String,
     #[serde(default)]
     pub mode: WriteMode,
@@ -38,9 +40,9 @@ pub struct TargetConfig {
     /// Format version of a table the applier creates: 2 (position deletes) or 3 (deletion vectors).
     #[serde(default = "default_format_version")]
     pub format_version: u8,
-    /// Source snapshots one target commit may cover (their changes are netted per key).
-    #[serde(default = "default_one")]
-    pub snapshots_per_commit: usize,
+    /// Source snapshots one target commit may cover (their changes are netted per key). Default: 1 for `cdc sync`;
+    /// the daemon coalesces every new snapshot of a poll into one commit (up to 1000).
+    pub snapshots_per_commit: Option<usize>,
     /// Attempts for a commit that conflicts or fails transiently.
     #[serde(default = "default_retries")]
     pub commit_retries: u32,
@@ -53,14 +55,29 @@ pub struct TargetConfig {
     /// of dropping them from the target too.
     #[serde(default)]
     pub keep_dropped_columns: bool,
-    pub catalog: CatalogConfig,
+    pub catalog: C,
+}
+
+impl<C> TargetConfig<C> {
+    /// The same target with its catalog resolved.
+    pub fn with_catalog<D>(self, catalog: D) -> TargetConfig<D> {
+        TargetConfig {
+            table: self.table,
+            mode: self.mode,
+            equality_columns: self.equality_columns,
+            format_version: self.format_version,
+            snapshots_per_commit: self.snapshots_per_commit,
+            commit_retries: self.commit_retries,
+            retry_backoff: self.retry_backoff,
+            target_file_size: self.target_file_size,
+            keep_dropped_columns: self.keep_dropped_columns,
+            catalog,
+        }
+    }
 }
 
 fn default_format_version() -> u8 {
     2
-}
-fn default_one() -> usize {
-    1
 }
 fn default_retries() -> u32 {
     5
@@ -72,7 +89,7 @@ fn default_file_size() -> u64 {
     DEFAULT_TARGET_FILE_SIZE
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// `namespace.table` (nested namespaces: `a.b.table`).
@@ -90,7 +107,7 @@ pub enum CatalogType {
     Rest,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct CatalogConfig {
     #[serde(rename = "type")]
     pub kind: CatalogType,
@@ -100,7 +117,7 @@ pub struct CatalogConfig {
     pub props: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     /// Memory a snapshot's change rows may take before they are sorted in runs and spilled to disk
@@ -199,7 +216,7 @@ pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::r
 /// Keys each section takes (catalog sections pass unknown keys on as catalog properties).
 const TOP_KEYS: &[&str] = &["source", "target", "engine"];
 const SOURCE_KEYS: &[&str] = &["table", "key_columns", "catalog"];
-const TARGET_KEYS: &[&str] = &[
+pub(crate) const TARGET_KEYS: &[&str] = &[
     "table",
     "mode",
     "equality_columns",
@@ -211,7 +228,7 @@ const TARGET_KEYS: &[&str] = &[
     "keep_dropped_columns",
     "catalog",
 ];
-const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];
+pub(crate) const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];
 
 /// Every key no section takes, with the section and the keys it does take.
 fn unknown_keys(value: &toml::Value) -> Vec<String> {
@@ -278,7 +295,7 @@ impl Config {
             if !(2..=3).contains(&t.format_version) {
                 p.push(format!("target.format_version: {} — must be 2 or 3", t.format_version));
             }
-            if t.snapshots_per_commit == 0 {
+            if t.snapshots_per_commit == Some(0) {
                 p.push("target.snapshots_per_commit: must be at least 1".into());
             }
             if t.equality_columns.as_ref().is_some_and(|c| c.is_empty()) {
@@ -406,7 +423,7 @@ mod tests {
         let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
         let cfg = Config::parse(&format!("{base}[target]\ntable='r.t'\nretry_backoff='1s'\n[target.catalog]\ntype='sql'\nwarehouse='/x'\n")).unwrap();
         let t = cfg.target.unwrap();
-        assert_eq!((t.format_version, t.snapshots_per_commit, t.retry_backoff), (2, 1, std::time::Duration::from_secs(1)));
+        assert_eq!((t.format_version, t.snapshots_per_commit, t.retry_backoff), (2, None, std::time::Duration::from_secs(1)));
         let err = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\nmode='copy-on-write'\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err();
         assert!(err.to_string().contains("mode"), "{err}");
         let Error::Config(p) = Config::parse(&format!(

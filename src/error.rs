@@ -15,6 +15,8 @@ pub mod exit {
     pub const DATA: i32 = 8;
     pub const CATALOG: i32 = 9;
     pub const IO: i32 = 10;
+    /// Stopped by a signal before finishing (nothing half-done).
+    pub const CANCELLED: i32 = 11;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,9 @@ pub enum Error {
     #[error("iceberg: {0}")]
     Iceberg(#[from] iceberg::Error),
 
+    #[error("stopped by a shutdown request before committing; nothing of the interrupted commit was applied")]
+    Cancelled,
+
     #[error("{0}")]
     Internal(String),
 }
@@ -76,6 +81,33 @@ impl Error {
             Error::Iceberg(e) => e.retryable(),
             _ => false,
         }
+    }
+
+    /// A short name of the error's class, for metrics labels and structured logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Config(_) | Error::ConfigFile { .. } => "config",
+            Error::Catalog { .. } => "catalog",
+            Error::Conflict { .. } => "conflict",
+            Error::TableNotFound { .. } => "not_found",
+            Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. } => "expired",
+            Error::Range(_) => "range",
+            Error::Key(_) | Error::Schema(_) => "schema",
+            Error::Data { .. } | Error::MissingFile { .. } => "data",
+            Error::Io { .. } => "io",
+            Error::Iceberg(_) => "iceberg",
+            Error::Cancelled => "cancelled",
+            Error::Internal(_) => "internal",
+        }
+    }
+
+    /// Whether a pipeline should stop on this error until its configuration (or the tables) change: retrying the
+    /// same poll cannot succeed. A missing table or an unreachable catalog may come back, so those are retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Error::Config(_) | Error::Key(_) | Error::Schema(_) | Error::Range(_) | Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. }
+        )
     }
 
     pub fn exit_code(&self) -> i32 {
@@ -95,6 +127,7 @@ impl Error {
                 _ => exit::INTERNAL,
             },
             Error::Internal(_) => exit::INTERNAL,
+            Error::Cancelled => exit::CANCELLED,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod error;
 pub mod output;
 pub mod pipeline;
 pub mod quickstart;
+pub mod service;
 pub mod sink;
 pub mod source;
 pub mod spec;

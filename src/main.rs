@@ -14,12 +14,31 @@ struct Cli {
     /// Log filter (also RUST_LOG), e.g. `info`, `iceberg_cdc=debug`.
     #[arg(long, global = true, default_value = "warn")]
     log: String,
+    /// Log lines as human-readable text or as JSON objects (for journald and log shippers).
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the service: every pipeline of the file, continuously (SIGHUP reloads, SIGTERM stops).
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Validate a service file and reach every catalog and table; one line per pipeline.
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print the main-branch lineage of the source table.
     Snapshots {
         #[arg(long)]
@@ -105,12 +124,21 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::USAGE as u8 } else { 0 });
         }
     };
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli.log.clone());
+    // The service logs what it does at info; one-shot commands stay quiet unless asked.
+    let default_log = if matches!(cli.cmd, Cmd::Run { .. }) && cli.log == "warn" { "info".to_string() } else { cli.log.clone() };
+    let filter = std::env::var("RUST_LOG").unwrap_or(default_log);
     // Colour only for a terminal: journald and log files get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Human => builder.with_ansi(ansi).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(run(cli.cmd)) {
+    let result = rt.block_on(run(cli.cmd));
+    // Loops the service abandoned at its shutdown deadline must not hold the process.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.downcast_ref::<Error>().map(Error::exit_code).unwrap_or(exit::INTERNAL);
@@ -233,6 +261,18 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Quickstart { dir } => {
             iceberg_cdc::quickstart::run(&dir).await?;
+        }
+        Cmd::Run { config } => {
+            iceberg_cdc::service::run(&config, None).await?;
+        }
+        Cmd::Check { config } => {
+            if !iceberg_cdc::service::check(&config).await? {
+                return Err(anyhow::Error::new(Error::Catalog {
+                    catalog: "check".into(),
+                    message: "some pipelines cannot reach their catalog or table (see above)".into(),
+                    retryable: true,
+                }));
+            }
         }
     }
     Ok(())

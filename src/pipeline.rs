@@ -104,7 +104,25 @@ pub struct SyncSummary {
     pub updates: u64,
     pub files_written: usize,
     pub bytes_written: u64,
+    /// Commit attempts repeated after a conflict or a transient failure.
+    pub retries: u32,
+    /// Times the run planned again because another writer moved the target's progress.
+    pub replans: u32,
     pub seconds: f64,
+}
+
+/// Catalog connections a sync runs on (the daemon keeps them across polls), and the signal that asks an in-flight
+/// run to stop before its next catalog commit.
+pub struct SyncContext<'a> {
+    pub source: &'a Catalog,
+    pub target: &'a Catalog,
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl SyncContext<'_> {
+    fn stopping(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| *s.borrow())
+    }
 }
 
 /// One target commit, for progress display.
@@ -224,10 +242,24 @@ enum Committed {
 /// target head (and schema) it was planned on. When another writer moved the target, the commit fails, the target is
 /// reloaded, and if the recorded progress is no longer the plan's start the run re-plans from the new progress —
 /// never re-applying a range and never moving the progress backwards.
-pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
+pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
+    let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
+    let source = Catalog::connect(&cfg.source.catalog, "source").await?;
+    let target = Catalog::connect(&tcfg.catalog, "target").await?;
+    run_sync_on(cfg, &SyncContext { source: &source, target: &target, stop: None }, from, to, on_commit).await
+}
+
+/// [`run_sync`] on catalogs already connected: what `cdc sync` and every poll of the daemon run.
+pub async fn run_sync_on(
+    cfg: &Config,
+    ctx: &SyncContext<'_>,
+    from: Option<Bound>,
+    to: Option<Bound>,
+    mut on_commit: impl FnMut(&CommitReport),
+) -> Result<SyncSummary> {
     let started = Instant::now();
     let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
-    let (_, source) = load_source(cfg).await?;
+    let source = ctx.source.load_table(&cfg.source.table).await?;
     let smeta = source.metadata();
     let name = &cfg.source.table;
     let mut summary = SyncSummary { source_table: name.clone(), target_table: tcfg.table.clone(), ..Default::default() };
@@ -252,7 +284,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
     let key_ids = changelog::resolve_key(&names_schema, cfg.source.key_columns.as_deref())?;
     let equality_ids = target::equality_ids(&names_schema, tcfg.equality_columns.as_deref(), &key_ids)?;
     let src = SyncSource { cfg, uuid: smeta.uuid().to_string(), table: source.clone(), end, key_ids, equality_ids };
-    let tcat = Catalog::connect(&tcfg.catalog, "target").await?;
+    let tcat = ctx.target;
     // One scan for the run: its delete cache serves every commit.
     let mut scan = ChangelogScan::new(&source, &lineage::snapshot_schema(smeta, Some(&src.end)), src.key_ids.clone(), scan_options(cfg))?;
 
@@ -298,7 +330,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
                     )));
                 }
                 let chunk = [src.end.clone()];
-                let c = commit_chunk(&src, &mut scan, tcfg, &tcat, &mut table, &mut map, &chunk, None, true).await?;
+                let c = commit_chunk(&src, &mut scan, tcfg, ctx, &mut summary.retries, &mut table, &mut map, &chunk, None, true).await?;
                 summary.bootstrap |= matches!(c, Committed::Snapshot(..));
                 match c {
                     Committed::Snapshot(id, stats) => {
@@ -311,7 +343,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
             }
             Start::After(a) => {
                 let snapshots = lineage::resolve_range(name, smeta, Some(Bound::Snapshot(a)), Some(Bound::Snapshot(src.end.snapshot_id())))?;
-                let chunks: Vec<_> = snapshots.chunks(tcfg.snapshots_per_commit).collect();
+                let chunks: Vec<_> = snapshots.chunks(tcfg.snapshots_per_commit.unwrap_or(1)).collect();
                 let mut pending: Vec<iceberg::spec::SnapshotRef> = Vec::new();
                 let mut base = a;
                 let mut replan = None;
@@ -320,7 +352,8 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
                     // Snapshots without changes (compactions) move the progress with the next commit; the last chunk
                     // commits anyway so the recorded progress reaches the end of the range.
                     let must_commit = i + 1 == chunks.len();
-                    match commit_chunk(&src, &mut scan, tcfg, &tcat, &mut table, &mut map, chunk, Some(base), must_commit).await? {
+                    match commit_chunk(&src, &mut scan, tcfg, ctx, &mut summary.retries, &mut table, &mut map, chunk, Some(base), must_commit).await?
+                    {
                         Committed::Snapshot(id, stats) => {
                             record(&mut summary, &pending, Some(id), stats, &mut on_commit);
                             pending.clear();
@@ -350,6 +383,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         }
         tracing::info!(replans, "another writer moved the target's progress; planning again from what it recorded");
     }
+    summary.replans = replans;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }
@@ -365,13 +399,15 @@ async fn commit_chunk(
     src: &SyncSource<'_>,
     scan: &mut ChangelogScan<'_>,
     tcfg: &crate::config::TargetConfig,
-    catalog: &Catalog,
+    ctx: &SyncContext<'_>,
+    retries: &mut u32,
     target: &mut Table,
     map: &mut FieldMap,
     chunk: &[iceberg::spec::SnapshotRef],
     base: Option<i64>,
     must_commit: bool,
 ) -> Result<Committed> {
+    let chunk_started = Instant::now();
     let last = chunk.last().expect("chunks are not empty");
     let bootstrap = base.is_none();
     let schema = src.schema_at(last);
@@ -437,19 +473,26 @@ async fn commit_chunk(
             delta = delta.set_schema(evo.schema.clone());
         }
         let prepared = delta.prepare(target).await?;
-        match catalog.commit(target, prepared.requirements, prepared.updates).await {
+        if ctx.stopping() {
+            // shutting down: abandon before the catalog call, so the commit either happened or never will
+            delete_files(target, files).await;
+            return Err(Error::Cancelled);
+        }
+        match ctx.target.commit(target, prepared.requirements, prepared.updates).await {
             Ok(t) => {
                 *target = t;
                 *map = evo.map;
+                let stats = CommitStats { seconds: chunk_started.elapsed().as_secs_f64(), ..stats };
                 return Ok(Committed::Snapshot(prepared.snapshot_id, stats));
             }
             Err(e) if e.is_retryable() && attempt + 1 < tcfg.commit_retries => {
                 attempt += 1;
+                *retries += 1;
                 let base_ms = tcfg.retry_backoff.as_millis() as u64 * (1u64 << attempt.min(10));
                 let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % (base_ms / 2 + 1);
                 tracing::warn!(error = %e, attempt, "target commit failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(base_ms / 2 + jitter)).await;
-                *target = catalog.load_table(&tcfg.table).await?;
+                *target = ctx.target.load_table(&tcfg.table).await?;
                 let now = progress::read(target.metadata(), &src.uuid).map(|p| p.source_snapshot_id);
                 if now != base || target.metadata().current_schema_id() != planned_schema {
                     tracing::warn!(planned_from = ?base, recorded = ?now, "another writer moved the target's progress or schema; discarding this commit's files");

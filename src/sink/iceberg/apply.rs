@@ -33,6 +33,8 @@ pub struct CommitStats {
     pub position_deletes: u64,
     pub files: usize,
     pub bytes: u64,
+    /// From reading the commit's changes to the commit landing.
+    pub seconds: f64,
 }
 
 /// A row this commit wrote: (data file, position, source snapshot it came from).

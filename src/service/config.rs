@@ -1,0 +1,325 @@
+//! The service's configuration: many pipelines in one file, catalogs defined once and referenced by name.
+//!
+//! Parse (serde, unknown keys rejected — all of them listed at once) → validate (pure: every problem in the file
+//! reported together, each prefixed with where it is) → [`ServiceConfig::runs`] turns every (pipeline, sink) pair into
+//! the same [`Config`] a one-shot `cdc sync` runs with, so the daemon and `cdc sync` share one engine.
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{CatalogConfig, Config, EngineConfig, SourceConfig, TargetConfig, ENGINE_KEYS, TARGET_KEYS};
+use crate::error::{Error, Result};
+
+/// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
+/// Polls faster than this are refused: the catalog would be hammered for nothing.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    #[serde(default)]
+    pub service: ServiceSettings,
+    #[serde(default)]
+    pub engine: EngineConfig,
+    #[serde(default)]
+    pub catalogs: BTreeMap<String, CatalogConfig>,
+    #[serde(default)]
+    pub pipelines: Vec<PipelineConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSettings {
+    /// `host:port` of `/metrics`, `/healthz`, `/readyz`; `"off"` disables them.
+    #[serde(default = "default_metrics_address")]
+    pub metrics_address: String,
+    /// Poll interval of pipelines that do not set their own.
+    #[serde(default = "default_poll", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// How long SIGTERM waits for in-flight commits before the process exits anyway.
+    #[serde(default = "default_shutdown", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// A pipeline that makes no progress (no poll finished) for this long is stuck: the systemd watchdog stops
+    /// being fed and `/healthz` fails, so systemd restarts the service.
+    #[serde(default = "default_stall", with = "humantime_serde")]
+    pub stall_timeout: Duration,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        ServiceSettings {
+            metrics_address: default_metrics_address(),
+            poll_interval: default_poll(),
+            shutdown_timeout: default_shutdown(),
+            stall_timeout: default_stall(),
+        }
+    }
+}
+
+fn default_metrics_address() -> String {
+    DEFAULT_METRICS_ADDRESS.to_string()
+}
+fn default_poll() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_shutdown() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_stall() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// One source table and where its changes go.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Unique in the file; names metrics, logs and `cdc check` lines.
+    pub name: String,
+    pub source: PipelineSource,
+    #[serde(default, with = "humantime_serde::option")]
+    pub poll_interval: Option<Duration>,
+    /// At most one target commit per interval (covering every new source snapshot); default: the poll interval.
+    #[serde(default, with = "humantime_serde::option")]
+    pub commit_interval: Option<Duration>,
+    pub sinks: Vec<SinkConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSource {
+    /// Name of a `[catalogs.<name>]` section.
+    pub catalog: String,
+    pub table: String,
+    pub key_columns: Option<Vec<String>>,
+}
+
+/// A destination of a pipeline's changes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum SinkConfig {
+    /// A target Iceberg table (the keys of `cdc sync`'s `[target]`, with `catalog` naming a `[catalogs.<name>]`).
+    Iceberg(TargetConfig<String>),
+}
+
+impl SinkConfig {
+    /// `iceberg:<table>`: how the sink is named in logs and metrics.
+    pub fn label(&self) -> String {
+        match self {
+            SinkConfig::Iceberg(t) => format!("iceberg:{}", t.table),
+        }
+    }
+}
+
+/// One (pipeline, sink) pair, ready for the runner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub pipeline: String,
+    pub sink: String,
+    pub poll_interval: Duration,
+    pub commit_interval: Duration,
+    pub config: Config,
+}
+
+impl ServiceConfig {
+    pub fn load(path: &Path) -> Result<ServiceConfig> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigFile { path: path.to_path_buf(), source })?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<ServiceConfig> {
+        let text = crate::config::expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
+        if let Ok(value) = toml::from_str::<toml::Value>(&text) {
+            let unknown = unknown_keys(&value);
+            if !unknown.is_empty() {
+                return Err(Error::Config(unknown));
+            }
+        }
+        let cfg: ServiceConfig = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
+        let problems = cfg.validate();
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(Error::Config(problems))
+        }
+    }
+
+    /// Pure checks; every problem in the file.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.pipelines.is_empty() {
+            p.push("pipelines: none defined; add a [[pipelines]] section".into());
+        }
+        if self.service.metrics_address != "off" && self.service.metrics_address.parse::<std::net::SocketAddr>().is_err() {
+            p.push(format!("service.metrics_address: `{}` is not host:port (or \"off\")", self.service.metrics_address));
+        }
+        if self.service.poll_interval < MIN_POLL_INTERVAL {
+            p.push("service.poll_interval: below the 100ms minimum".into());
+        }
+        for (name, c) in &self.catalogs {
+            c.validate(&format!("catalogs.{name}"), &mut p);
+        }
+        let mut names = HashSet::new();
+        for (i, pl) in self.pipelines.iter().enumerate() {
+            let at = format!("pipelines[{i}] ({})", pl.name);
+            if pl.name.trim().is_empty() {
+                p.push(format!("pipelines[{i}].name: must not be empty"));
+            } else if !names.insert(pl.name.as_str()) {
+                p.push(format!("{at}: the name is used twice"));
+            }
+            if !self.catalogs.contains_key(&pl.source.catalog) {
+                p.push(format!("{at}.source.catalog: no [catalogs.{}] section", pl.source.catalog));
+            }
+            if pl.poll_interval.is_some_and(|d| d < MIN_POLL_INTERVAL) {
+                p.push(format!("{at}.poll_interval: below the 100ms minimum"));
+            }
+            if pl.sinks.is_empty() {
+                p.push(format!("{at}.sinks: none; add a [[pipelines.sinks]] section"));
+            }
+            let mut labels = HashSet::new();
+            for (j, s) in pl.sinks.iter().enumerate() {
+                let SinkConfig::Iceberg(t) = s;
+                if !self.catalogs.contains_key(&t.catalog) {
+                    p.push(format!("{at}.sinks[{j}].catalog: no [catalogs.{}] section", t.catalog));
+                }
+                if !labels.insert(s.label()) {
+                    p.push(format!("{at}.sinks[{j}]: {} is listed twice", s.label()));
+                }
+            }
+        }
+        // Each run must also be a valid one-shot configuration (table names, formats, sizes, ...).
+        if p.is_empty() {
+            for r in self.runs() {
+                for problem in r.config.validate() {
+                    p.push(format!("pipeline {} ({}): {problem}", r.pipeline, r.sink));
+                }
+            }
+        }
+        p
+    }
+
+    /// Every (pipeline, sink) pair with its catalogs resolved. Call after [`Self::validate`] passed.
+    pub fn runs(&self) -> Vec<Run> {
+        let mut out = Vec::new();
+        for pl in &self.pipelines {
+            let (Some(scat), poll) = (self.catalogs.get(&pl.source.catalog), pl.poll_interval.unwrap_or(self.service.poll_interval)) else {
+                continue;
+            };
+            for s in &pl.sinks {
+                let SinkConfig::Iceberg(t) = s;
+                let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
+                let config = Config {
+                    source: SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() },
+                    target: Some(t.clone().with_catalog(tcat.clone())),
+                    engine: self.engine.clone(),
+                };
+                out.push(Run {
+                    pipeline: pl.name.clone(),
+                    sink: s.label(),
+                    poll_interval: poll,
+                    commit_interval: pl.commit_interval.unwrap_or(poll),
+                    config,
+                });
+            }
+        }
+        out
+    }
+}
+
+const TOP_KEYS: &[&str] = &["service", "engine", "catalogs", "pipelines"];
+const SERVICE_KEYS: &[&str] = &["metrics_address", "poll_interval", "shutdown_timeout", "stall_timeout"];
+const PIPELINE_KEYS: &[&str] = &["name", "source", "poll_interval", "commit_interval", "sinks"];
+const PIPELINE_SOURCE_KEYS: &[&str] = &["catalog", "table", "key_columns"];
+
+/// Every key no section takes (catalog sections pass unknown keys on as catalog properties).
+fn unknown_keys(value: &toml::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |at: &str, v: Option<&toml::Value>, known: &[&str]| {
+        let Some(table) = v.and_then(toml::Value::as_table) else { return };
+        for k in table.keys() {
+            if !known.contains(&k.as_str()) {
+                let key = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                out.push(format!("unknown key `{key}` (expected one of: {})", known.join(", ")));
+            }
+        }
+    };
+    check("", Some(value), TOP_KEYS);
+    check("service", value.get("service"), SERVICE_KEYS);
+    check("engine", value.get("engine"), ENGINE_KEYS);
+    let sink_keys: Vec<&str> = TARGET_KEYS.iter().copied().chain(["type"]).collect();
+    for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
+        check(&format!("pipelines[{i}]"), Some(pl), PIPELINE_KEYS);
+        check(&format!("pipelines[{i}].source"), pl.get("source"), PIPELINE_SOURCE_KEYS);
+        for (j, s) in pl.get("sinks").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
+            check(&format!("pipelines[{i}].sinks[{j}]"), Some(s), &sink_keys);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[service]
+poll_interval = "1s"
+
+[catalogs.lake]
+type = "hadoop"
+warehouse = "/wh"
+
+[catalogs.replica]
+type = "sql"
+warehouse = "/replica"
+
+[[pipelines]]
+name = "orders"
+source = { catalog = "lake", table = "db.orders" }
+poll_interval = "200ms"
+
+[[pipelines.sinks]]
+type = "iceberg"
+catalog = "replica"
+table = "r.orders"
+format_version = 3
+
+[[pipelines]]
+name = "items"
+source = { catalog = "lake", table = "db.items", key_columns = ["id"] }
+
+[[pipelines.sinks]]
+type = "iceberg"
+catalog = "replica"
+table = "r.items"
+"#;
+
+    #[test]
+    fn runs_resolve_catalogs_and_defaults() {
+        let cfg = ServiceConfig::parse(GOOD).unwrap();
+        let runs = cfg.runs();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].poll_interval, Duration::from_millis(200));
+        assert_eq!(runs[0].commit_interval, Duration::from_millis(200));
+        assert_eq!(runs[1].poll_interval, Duration::from_secs(1));
+        let t = runs[0].config.target.as_ref().unwrap();
+        assert_eq!(t.format_version, 3);
+        assert_eq!(t.catalog.warehouse.as_deref(), Some("/replica"));
+        assert_eq!(runs[1].config.source.key_columns.as_deref(), Some(&["id".to_string()][..]));
+    }
+
+    #[test]
+    fn every_problem_at_once() {
+        let bad =
+            GOOD.replace("catalog = \"replica\"\ntable = \"r.items\"", "catalog = \"nope\"\ntable = \"r.items\"").replace("\"200ms\"", "\"10ms\"")
+                + "\n[[pipelines]]\nname = \"orders\"\nsource = { catalog = \"missing\", table = \"db.x\" }\nsinks = []\n";
+        let err = ServiceConfig::parse(&bad).unwrap_err().to_string();
+        for needle in ["no [catalogs.nope]", "100ms minimum", "used twice", "no [catalogs.missing]", "sinks: none"] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let err = ServiceConfig::parse(&GOOD.replace("format_version = 3", "format_version = 3\nformat = 1\nbogus = 2")).unwrap_err().to_string();
+        assert!(err.contains("sinks[0].format`") && err.contains("sinks[0].bogus`"), "{err}");
+    }
+}

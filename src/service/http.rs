@@ -1,0 +1,94 @@
+//! `/metrics`, `/healthz`, `/readyz` on a thread of their own (with a single-threaded runtime), so they answer
+//! while the pipelines keep the main runtime's workers busy with a large snapshot.
+//!
+//! A deliberately small HTTP/1.1 responder: GET only, one request per connection, bounded request size and time.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{Error, Result};
+use crate::service::telemetry::Telemetry;
+
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// Binds `addr` (failing now, not later, when it is taken) and serves on a background thread.
+pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration) -> Result<()> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Io {
+        path: format!("metrics address {addr}"),
+        message: e.to_string(),
+        retryable: false,
+    })?;
+    listener.set_nonblocking(true).map_err(|e| Error::Io { path: format!("metrics address {addr}"), message: e.to_string(), retryable: false })?;
+    std::thread::Builder::new()
+        .name("cdc-http".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("http runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let Ok((mut sock, _)) = listener.accept().await else { continue };
+                    let t = telemetry.clone();
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), answer(&mut sock, &t, stall)).await;
+                    });
+                }
+            });
+        })
+        .map_err(|e| Error::Internal(format!("cannot start the metrics thread: {e}")))?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    Ok(())
+}
+
+async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", t.encode()),
+        ("GET", "/healthz") => {
+            let stuck: Vec<String> = t
+                .statuses()
+                .into_iter()
+                .filter(|(_, s)| s.heartbeat.elapsed() > stall)
+                .map(|(l, s)| format!("{} ({}): no progress for {:.0}s", l.pipeline, l.sink, s.heartbeat.elapsed().as_secs_f64()))
+                .collect();
+            if stuck.is_empty() {
+                ("200 OK", "text/plain", "ok\n".to_string())
+            } else {
+                ("503 Service Unavailable", "text/plain", stuck.join("\n") + "\n")
+            }
+        }
+        ("GET", "/readyz") => {
+            let statuses = t.statuses();
+            let failing: Vec<String> = statuses
+                .iter()
+                .filter(|(_, s)| !s.healthy)
+                .map(|(l, s)| format!("{} ({}): {}", l.pipeline, l.sink, s.last_error.as_deref().unwrap_or("no successful poll yet")))
+                .collect();
+            if failing.is_empty() && !statuses.is_empty() {
+                ("200 OK", "text/plain", "ready\n".to_string())
+            } else if statuses.is_empty() {
+                ("503 Service Unavailable", "text/plain", "no pipelines\n".to_string())
+            } else {
+                ("503 Service Unavailable", "text/plain", failing.join("\n") + "\n")
+            }
+        }
+        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /healthz or /readyz\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+    };
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(body.as_bytes()).await?;
+    sock.shutdown().await
+}

@@ -1,0 +1,331 @@
+//! `cdc run`: the long-running service. A loop per (pipeline, sink) plus signals plus systemd notify.
+//!
+//! Each loop polls its source on its interval: a poll loads the source's and the target's metadata only, and when
+//! the source has snapshots beyond the target's recorded progress it calls the same runner as `cdc sync`
+//! ([`crate::pipeline::run_sync_on`]), coalescing every new snapshot into one commit, at most one commit per
+//! `commit_interval`. Loops are isolated: a failing one (catalog down, table missing) retries with jittered
+//! exponential backoff and is reported; a permanent error (schema the target cannot follow, expired progress) stops
+//! that loop only, visibly, until a reload. A panicking loop is restarted; shared state is never poisoned.
+//!
+//! Signals: SIGHUP reloads the file (added loops start, removed ones stop after their in-flight commit, changed ones
+//! restart; a file with errors is refused and the old configuration keeps running). SIGTERM/SIGINT stop polling;
+//! in-flight runs finish or abandon their commit before the catalog call; the process exits within
+//! `shutdown_timeout`.
+//!
+//! systemd (`Type=notify`): `READY=1` once the configuration is valid and every catalog was tried; `WATCHDOG=1` at
+//! half of `WatchdogSec` only while every loop shows progress within `stall_timeout`; `STATUS=` with a one-line lag
+//! summary; `STOPPING=1` on shutdown.
+pub mod config;
+mod http;
+pub mod telemetry;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::pipeline::{self, SyncContext};
+use crate::sink::iceberg::progress;
+use crate::source::lineage;
+use config::{Run, ServiceConfig};
+use telemetry::{RunLabels, Telemetry};
+
+/// Snapshots one daemon commit may coalesce when the sink does not set `snapshots_per_commit`.
+pub const DAEMON_SNAPSHOTS_PER_COMMIT: usize = 1000;
+/// Longest wait between retries of a failing loop.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// A running loop: its stop signal and task.
+struct Running {
+    run: Run,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Runs the service until SIGTERM/SIGINT (or `external_stop`, for embedding it, e.g. the quickstart).
+pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> Result<()> {
+    let cfg = ServiceConfig::load(path)?;
+    let telemetry = Telemetry::new();
+    let settings = cfg.service.clone();
+    if settings.metrics_address != "off" {
+        let addr = settings.metrics_address.parse().map_err(|e| Error::Config(vec![format!("service.metrics_address: {e}")]))?;
+        http::serve(addr, telemetry.clone(), settings.stall_timeout)?;
+    }
+    // Every catalog is tried once before READY: a typo'd URI shows up now, not at the first poll.
+    for (name, c) in &cfg.catalogs {
+        if let Err(e) = Catalog::connect(c, name).await {
+            tracing::warn!(catalog = %name, error = %e, "catalog not reachable at start; its pipelines will retry");
+        }
+    }
+    let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
+    for r in cfg.runs() {
+        start(&mut running, r, &telemetry);
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    tracing::info!(pipelines = running.len(), config = %path.display(), "cdc service ready");
+
+    // feed the watchdog at half its interval
+    let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+    let mut tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(5)).min(Duration::from_secs(5)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hup = signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut external = external_stop;
+    let mut settings = settings;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let statuses = telemetry.statuses();
+                let stuck = statuses.iter().filter(|(_, s)| s.heartbeat.elapsed() > settings.stall_timeout).count();
+                // A stuck loop must get the service restarted: stop feeding the watchdog.
+                if watchdog.is_some() && stuck == 0 {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status_line(&statuses))]);
+                // restart loops whose task ended by a panic
+                let dead: Vec<_> = running.iter().filter(|(_, r)| r.task.is_finished() && !*r.stop.borrow()).map(|(k, _)| k.clone()).collect();
+                for k in dead {
+                    if let Some(r) = running.remove(&k) {
+                        if let Err(e) = r.task.await {
+                            tracing::error!(pipeline = %k.0, sink = %k.1, error = %e, "pipeline task ended abnormally; restarting it");
+                        }
+                        start(&mut running, r.run, &telemetry);
+                    }
+                }
+            }
+            _ = hup.recv() => {
+                match ServiceConfig::load(path) {
+                    Err(e) => tracing::error!(error = %e, "reload refused; the running configuration stays"),
+                    Ok(new) => {
+                        settings = new.service.clone();
+                        reload(&mut running, new.runs(), &telemetry).await;
+                        tracing::info!(pipelines = running.len(), "configuration reloaded");
+                    }
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = async { match external.as_mut() { Some(rx) => { let _ = rx.wait_for(|v| *v).await; } None => std::future::pending::<()>().await } } => break,
+        }
+    }
+    // Shutdown follows the data flow: stop polling, let in-flight commits finish (or abandon them before the catalog
+    // call), give up at the deadline.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down");
+    for r in running.values() {
+        let _ = r.stop.send(true);
+    }
+    let deadline = tokio::time::Instant::now() + settings.shutdown_timeout;
+    for (k, r) in running {
+        if tokio::time::timeout_at(deadline, r.task).await.is_err() {
+            tracing::warn!(pipeline = %k.0, sink = %k.1, "did not stop before the shutdown timeout; abandoned");
+        }
+        telemetry.removed(&RunLabels { pipeline: k.0, sink: k.1 });
+    }
+    Ok(())
+}
+
+fn signal(kind: tokio::signal::unix::SignalKind) -> Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(kind).map_err(|e| Error::Io { path: "signal handler".into(), message: e.to_string(), retryable: false })
+}
+
+fn status_line(statuses: &[(RunLabels, telemetry::RunStatus)]) -> String {
+    let failing = statuses.iter().filter(|(_, s)| !s.healthy).count();
+    let max_lag = statuses.iter().map(|(_, s)| s.lag_seconds).fold(0.0, f64::max);
+    let behind: u64 = statuses.iter().map(|(_, s)| s.lag_snapshots).sum();
+    format!("{} pipelines, {failing} failing, max lag {max_lag:.1}s, {behind} snapshots behind", statuses.len())
+}
+
+fn start(running: &mut BTreeMap<(String, String), Running>, run: Run, telemetry: &Arc<Telemetry>) {
+    let (stop, rx) = watch::channel(false);
+    let key = (run.pipeline.clone(), run.sink.clone());
+    // The changelog scan's futures are not `Send` (and sort/encode work is CPU-heavy): each loop runs on a blocking
+    // thread of its own, driving its futures with the runtime's handle, so the async workers stay free.
+    let handle = tokio::runtime::Handle::current();
+    let (r, t) = (run.clone(), telemetry.clone());
+    let task = tokio::task::spawn_blocking(move || handle.block_on(pipeline_loop(r, rx, t)));
+    running.insert(key, Running { run, stop, task });
+}
+
+/// Applies a reloaded configuration: removed loops stop after their in-flight commit, changed ones restart, new ones
+/// start; unchanged ones keep running untouched.
+async fn reload(running: &mut BTreeMap<(String, String), Running>, runs: Vec<Run>, telemetry: &Arc<Telemetry>) {
+    let wanted: BTreeMap<(String, String), Run> = runs.into_iter().map(|r| ((r.pipeline.clone(), r.sink.clone()), r)).collect();
+    let gone: Vec<_> = running.keys().filter(|k| wanted.get(*k).is_none_or(|w| *w != running[*k].run)).cloned().collect();
+    for k in gone {
+        if let Some(r) = running.remove(&k) {
+            let _ = r.stop.send(true);
+            let _ = r.task.await;
+            telemetry.removed(&RunLabels { pipeline: k.0.clone(), sink: k.1.clone() });
+        }
+    }
+    for (k, r) in wanted {
+        if !running.contains_key(&k) {
+            start(running, r, telemetry);
+        }
+    }
+}
+
+/// Sleeps `d`, or less when a stop is requested. Returns whether to stop.
+async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    if *stop.borrow() {
+        return true;
+    }
+    let stopped = tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        r = stop.wait_for(|v| *v) => r.is_ok(),
+    };
+    stopped || *stop.borrow()
+}
+
+/// One pipeline's loop: poll, apply, report; back off on errors; stop on a permanent one.
+async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc<Telemetry>) {
+    let labels = RunLabels { pipeline: run.pipeline.clone(), sink: run.sink.clone() };
+    telemetry.started(&labels);
+    let mut cfg = run.config.clone();
+    if let Some(t) = cfg.target.as_mut() {
+        t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
+    }
+    let mut catalogs: Option<(Catalog, Catalog)> = None;
+    let mut failures = 0u32;
+    let mut last_commit: Option<Instant> = None;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let polled = poll(&cfg, &run, &mut catalogs, &stop, &labels, &telemetry, &mut last_commit).await;
+        let wait = match polled {
+            Ok(()) => {
+                failures = 0;
+                run.poll_interval
+            }
+            Err(Error::Cancelled) => break,
+            Err(e) if e.is_permanent() => {
+                telemetry.failed(&labels, &e, true, None);
+                // stay visible (and stopped) until a reload replaces this loop
+                let _ = stop.wait_for(|v| *v).await;
+                break;
+            }
+            Err(e) => {
+                if matches!(e, Error::Catalog { .. }) {
+                    catalogs = None; // reconnect next time
+                }
+                failures += 1;
+                let base = run.poll_interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
+                let jitter = Duration::from_millis(uuid::Uuid::new_v4().as_u64_pair().0 % (base.as_millis() as u64 / 4 + 1));
+                let wait = base / 2 + jitter;
+                telemetry.failed(&labels, &e, false, Some(wait));
+                wait
+            }
+        };
+        if sleep_or_stop(&mut stop, wait).await {
+            break;
+        }
+    }
+}
+
+/// One poll: compare the source head with the target's recorded progress; apply what is new.
+async fn poll(
+    cfg: &crate::config::Config,
+    run: &Run,
+    catalogs: &mut Option<(Catalog, Catalog)>,
+    stop: &watch::Receiver<bool>,
+    labels: &RunLabels,
+    telemetry: &Telemetry,
+    last_commit: &mut Option<Instant>,
+) -> Result<()> {
+    let tcfg = cfg.target.as_ref().expect("service runs always have a target");
+    if catalogs.is_none() {
+        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
+        let t = Catalog::connect(&tcfg.catalog, "target").await?;
+        *catalogs = Some((s, t));
+    }
+    let (scat, tcat) = catalogs.as_ref().expect("just connected");
+    let source = scat.load_table(&cfg.source.table).await?;
+    let meta = source.metadata();
+    let recorded = match tcat.load_table(&tcfg.table).await {
+        Ok(t) => progress::read(t.metadata(), &meta.uuid().to_string()).map(|p| p.source_snapshot_id),
+        Err(Error::TableNotFound { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let pending = pending_snapshots(meta, recorded);
+    let lag = |pending: &[iceberg::spec::SnapshotRef]| {
+        let oldest = pending.first().map(|s| s.timestamp_ms());
+        let now = chrono::Utc::now().timestamp_millis();
+        (oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0), pending.len() as u64)
+    };
+    if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
+        let (secs, n) = lag(&pending);
+        telemetry.polled(labels, secs, n);
+        return Ok(());
+    }
+    let ctx = SyncContext { source: scat, target: tcat, stop: Some(stop.clone()) };
+    let summary = pipeline::run_sync_on(cfg, &ctx, None, None, |r| telemetry.committed(labels, r)).await?;
+    telemetry.synced(labels, &summary);
+    if !summary.target_snapshot_ids.is_empty() {
+        *last_commit = Some(Instant::now());
+    }
+    // what is left: snapshots committed to the source while we applied
+    let after = summary.source_snapshot_id.or(recorded);
+    let source = scat.load_table(&cfg.source.table).await?;
+    let (secs, n) = lag(&pending_snapshots(source.metadata(), after));
+    telemetry.polled(labels, secs, n);
+    Ok(())
+}
+
+/// Main-branch snapshots after `progress` (all of them without progress), oldest first.
+fn pending_snapshots(meta: &iceberg::spec::TableMetadata, progress: Option<i64>) -> Vec<iceberg::spec::SnapshotRef> {
+    let all = lineage::main_lineage(meta);
+    match progress {
+        None => all,
+        Some(p) => match all.iter().position(|s| s.snapshot_id() == p) {
+            Some(i) => all[i + 1..].to_vec(),
+            // progress off the lineage (rolled back, expired): the runner reports it
+            None => all,
+        },
+    }
+}
+
+/// `cdc check`: validates the file and reaches every catalog and table. One line per pipeline; `Ok(false)` when any
+/// failed.
+pub async fn check(path: &Path) -> Result<bool> {
+    let cfg = ServiceConfig::load(path)?;
+    let mut ok = true;
+    for r in cfg.runs() {
+        let tcfg = r.config.target.as_ref().expect("service runs always have a target");
+        let line = async {
+            let s = Catalog::connect(&r.config.source.catalog, "source").await?;
+            let t = Catalog::connect(&tcfg.catalog, "target").await?;
+            let source = s.load_table(&r.config.source.table).await?;
+            let meta = source.metadata();
+            let head = meta.current_snapshot_id();
+            let target = match t.load_table(&tcfg.table).await {
+                Ok(tt) => match progress::read(tt.metadata(), &meta.uuid().to_string()) {
+                    Some(p) => {
+                        let behind = pending_snapshots(meta, Some(p.source_snapshot_id)).len();
+                        format!("target {} at source snapshot {} ({behind} behind)", tcfg.table, p.source_snapshot_id)
+                    }
+                    None => format!("target {} exists, not synced yet", tcfg.table),
+                },
+                Err(Error::TableNotFound { .. }) => format!("target {} will be created", tcfg.table),
+                Err(e) => return Err(e),
+            };
+            Ok::<_, Error>(format!("source {} at snapshot {}; {target}", r.config.source.table, head.map(|h| h.to_string()).unwrap_or("-".into())))
+        }
+        .await;
+        match line {
+            Ok(l) => println!("ok    {} ({}): {l}", r.pipeline, r.sink),
+            Err(e) => {
+                ok = false;
+                println!("FAIL  {} ({}): {e}", r.pipeline, r.sink);
+            }
+        }
+    }
+    Ok(ok)
+}

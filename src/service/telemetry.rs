@@ -1,0 +1,232 @@
+//! Named telemetry events: each event is logged and counted in one place, so logs and metrics never disagree.
+//!
+//! Metrics (Prometheus text on `/metrics`, units in the names, `_total` on counters), labelled by `pipeline` and
+//! `sink`: replication lag in seconds (now − commit time of the oldest source snapshot not yet applied; 0 when
+//! caught up) and in snapshots, last successful commit time, rows by change type, commits, commit duration,
+//! commit retries, re-plans, errors by kind, bytes and files written, polls, pipeline health.
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::error::Error;
+use crate::pipeline::{CommitReport, SyncSummary};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct RunLabels {
+    pub pipeline: String,
+    pub sink: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RowLabels {
+    pipeline: String,
+    sink: String,
+    change_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    pipeline: String,
+    sink: String,
+    kind: String,
+}
+
+type HistogramFamily = Family<RunLabels, Histogram, fn() -> Histogram>;
+
+/// What `/healthz`, `/readyz`, the watchdog and `STATUS=` read about one pipeline.
+#[derive(Debug, Clone)]
+pub struct RunStatus {
+    /// The last poll finished without error.
+    pub healthy: bool,
+    /// Stopped for good (a permanent error); stays visible until the configuration changes.
+    pub stopped: bool,
+    pub last_error: Option<String>,
+    /// When the loop last showed progress (a poll finished, a commit landed).
+    pub heartbeat: Instant,
+    pub lag_seconds: f64,
+    pub lag_snapshots: u64,
+}
+
+pub struct Telemetry {
+    pub registry: Registry,
+    lag_seconds: Family<RunLabels, Gauge<f64, AtomicU64>>,
+    lag_snapshots: Family<RunLabels, Gauge>,
+    last_commit: Family<RunLabels, Gauge<f64, AtomicU64>>,
+    rows: Family<RowLabels, Counter>,
+    commits: Family<RunLabels, Counter>,
+    commit_duration: HistogramFamily,
+    retries: Family<RunLabels, Counter>,
+    replans: Family<RunLabels, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    bytes: Family<RunLabels, Counter>,
+    files: Family<RunLabels, Counter>,
+    polls: Family<RunLabels, Counter>,
+    healthy: Family<RunLabels, Gauge>,
+    status: Mutex<BTreeMap<RunLabels, RunStatus>>,
+}
+
+fn commit_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 14))
+}
+
+impl Telemetry {
+    pub fn new() -> Arc<Telemetry> {
+        let mut registry = Registry::default();
+        let t = Telemetry {
+            lag_seconds: Family::default(),
+            lag_snapshots: Family::default(),
+            last_commit: Family::default(),
+            rows: Family::default(),
+            commits: Family::default(),
+            commit_duration: Family::new_with_constructor(commit_histogram as fn() -> Histogram),
+            retries: Family::default(),
+            replans: Family::default(),
+            errors: Family::default(),
+            bytes: Family::default(),
+            files: Family::default(),
+            polls: Family::default(),
+            healthy: Family::default(),
+            status: Mutex::new(BTreeMap::new()),
+            registry: Registry::default(),
+        };
+        registry.register_with_unit(
+            "cdc_replication_lag",
+            "Now minus the commit time of the oldest source snapshot not yet applied (0 when caught up)",
+            Unit::Seconds,
+            t.lag_seconds.clone(),
+        );
+        registry.register("cdc_replication_lag_snapshots", "Source snapshots not yet applied", t.lag_snapshots.clone());
+        registry.register_with_unit(
+            "cdc_last_commit_timestamp",
+            "Unix time of the last successful target commit",
+            Unit::Seconds,
+            t.last_commit.clone(),
+        );
+        registry.register("cdc_rows", "Change rows applied, by change type", t.rows.clone());
+        registry.register("cdc_commits", "Target commits", t.commits.clone());
+        registry.register_with_unit(
+            "cdc_commit_duration",
+            "Time from reading a commit's changes to its commit",
+            Unit::Seconds,
+            t.commit_duration.clone(),
+        );
+        registry.register("cdc_commit_retries", "Commit attempts repeated after a conflict or transient failure", t.retries.clone());
+        registry.register("cdc_replans", "Runs planned again because another writer moved the target's progress", t.replans.clone());
+        registry.register("cdc_errors", "Failed polls, by kind of error", t.errors.clone());
+        registry.register_with_unit("cdc_written", "Bytes of data and delete files written", Unit::Bytes, t.bytes.clone());
+        registry.register("cdc_written_files", "Data and delete files written", t.files.clone());
+        registry.register("cdc_polls", "Polls of the source", t.polls.clone());
+        registry.register("cdc_pipeline_healthy", "1 when the pipeline's last poll succeeded", t.healthy.clone());
+        Arc::new(Telemetry { registry, ..t })
+    }
+
+    fn with_status(&self, labels: &RunLabels, f: impl FnOnce(&mut RunStatus)) {
+        let mut map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = map.entry(labels.clone()).or_insert_with(|| RunStatus {
+            healthy: false,
+            stopped: false,
+            last_error: None,
+            heartbeat: Instant::now(),
+            lag_seconds: 0.0,
+            lag_snapshots: 0,
+        });
+        f(st);
+    }
+
+    /// Event: a pipeline loop started (or restarted after a configuration change).
+    pub fn started(&self, l: &RunLabels) {
+        tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline started");
+        self.with_status(l, |s| {
+            s.stopped = false;
+            s.heartbeat = Instant::now();
+        });
+    }
+
+    /// Event: a pipeline loop ended (removed from the configuration, or shutdown).
+    pub fn removed(&self, l: &RunLabels) {
+        tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline stopped");
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).remove(l);
+        self.healthy.remove(l);
+    }
+
+    /// Event: a poll finished; `lag` is what is left to apply after it.
+    pub fn polled(&self, l: &RunLabels, lag_seconds: f64, lag_snapshots: u64) {
+        self.polls.get_or_create(l).inc();
+        self.lag_seconds.get_or_create(l).set(lag_seconds);
+        self.lag_snapshots.get_or_create(l).set(lag_snapshots as i64);
+        self.healthy.get_or_create(l).set(1);
+        self.with_status(l, |s| {
+            s.healthy = true;
+            s.last_error = None;
+            s.heartbeat = Instant::now();
+            s.lag_seconds = lag_seconds;
+            s.lag_snapshots = lag_snapshots;
+        });
+    }
+
+    /// Event: a target commit landed.
+    pub fn committed(&self, l: &RunLabels, r: &CommitReport) {
+        tracing::info!(
+            pipeline = %l.pipeline, sink = %l.sink,
+            source_snapshots = r.source_snapshots, last_source_snapshot = r.last_source_snapshot,
+            target_snapshot = ?r.target_snapshot_id, inserts = r.stats.inserts, updates = r.stats.updates,
+            deletes = r.stats.deletes, seconds = r.stats.seconds, "committed"
+        );
+        self.commits.get_or_create(l).inc();
+        self.commit_duration.get_or_create(l).observe(r.stats.seconds);
+        for (kind, n) in [("INSERT", r.stats.inserts), ("DELETE", r.stats.deletes), ("UPDATE", r.stats.updates)] {
+            self.rows.get_or_create(&RowLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), change_type: kind.into() }).inc_by(n);
+        }
+        self.bytes.get_or_create(l).inc_by(r.stats.bytes);
+        self.files.get_or_create(l).inc_by(r.stats.files as u64);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        self.last_commit.get_or_create(l).set(now);
+        self.with_status(l, |s| s.heartbeat = Instant::now());
+    }
+
+    /// Event: a sync run ended (its retries and re-plans are counted).
+    pub fn synced(&self, l: &RunLabels, s: &SyncSummary) {
+        self.retries.get_or_create(l).inc_by(s.retries as u64);
+        self.replans.get_or_create(l).inc_by(s.replans as u64);
+    }
+
+    /// Event: a poll failed. `permanent`: the pipeline stops until the configuration changes.
+    pub fn failed(&self, l: &RunLabels, e: &Error, permanent: bool, retry_in: Option<Duration>) {
+        let kind = e.kind();
+        if permanent {
+            tracing::error!(pipeline = %l.pipeline, sink = %l.sink, kind, error = %e, "pipeline stopped by a permanent error; fix it and reload (SIGHUP)");
+        } else {
+            tracing::warn!(pipeline = %l.pipeline, sink = %l.sink, kind, error = %e, retry_in = ?retry_in, "poll failed; retrying");
+        }
+        self.errors.get_or_create(&ErrorLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), kind: kind.into() }).inc();
+        self.healthy.get_or_create(l).set(0);
+        let msg = e.to_string();
+        self.with_status(l, |s| {
+            s.healthy = false;
+            s.stopped = permanent;
+            s.last_error = Some(msg);
+            // a failing poll is still a loop that runs: the watchdog must not restart the service for it
+            s.heartbeat = Instant::now();
+        });
+    }
+
+    /// Every pipeline's status, for the endpoints, the watchdog and `STATUS=`.
+    pub fn statuses(&self) -> Vec<(RunLabels, RunStatus)> {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
