@@ -713,3 +713,257 @@ async fn range_messages_name_the_real_problem() {
     assert!(err.contains("rolled back"), "{err}");
     assert_eq!(target_snapshot_count(&tw, "replica.msgs"), before);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The service (`cdc run`) as a child process: systemd notifications on a socket bound here, telemetry over HTTP.
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+/// A metric's value from Prometheus text, for the sample whose labels contain `labels`.
+fn metric(body: &str, name: &str, labels: &str) -> Option<f64> {
+    body.lines().filter(|l| l.starts_with(name) && l.contains(labels)).find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn service_toml(source_wh: &Path, target_wh: &Path, port: u16, pipelines: &[(&str, &str, &str)]) -> String {
+    let mut s = format!(
+        "[service]\npoll_interval = \"200ms\"\nmetrics_address = \"127.0.0.1:{port}\"\nshutdown_timeout = \"10s\"\n\n\
+         [catalogs.demo]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n[catalogs.replica]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        source_wh.display(),
+        target_wh.display()
+    );
+    for (name, source, target) in pipelines {
+        s += &format!(
+            "\n[[pipelines]]\nname = \"{name}\"\nsource = {{ catalog = \"demo\", table = \"{source}\" }}\n\n\
+             [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"replica\"\ntable = \"{target}\"\n"
+        );
+    }
+    s
+}
+
+/// Datagrams the service sends to `NOTIFY_SOCKET`, collected by a thread.
+struct Notifications {
+    got: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Notifications {
+    fn bind(path: &Path) -> Notifications {
+        let sock = std::os::unix::net::UnixDatagram::bind(path).unwrap();
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let g = got.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = sock.recv(&mut buf) {
+                g.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).to_string());
+            }
+        });
+        Notifications { got }
+    }
+    fn wait_for(&self, needle: &str, secs: u64) -> bool {
+        wait_until(secs, || self.got.lock().unwrap().iter().any(|m| m.lines().any(|l| l == needle || l.starts_with(needle))))
+    }
+}
+
+fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    f()
+}
+
+/// Whether the hadoop target `table` records `source`'s current snapshot and holds the same rows.
+async fn caught_up(target_wh: &Path, table: &str, source: &Table) -> bool {
+    let cat = Catalog::connect(
+        &Config::parse(&format!("[source]\ntable = \"{table}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display()))
+            .unwrap()
+            .source
+            .catalog,
+        "t",
+    )
+    .await
+    .unwrap();
+    let Ok(t) = cat.load_table(table).await else { return false };
+    let Some(p) = iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &source.metadata().uuid().to_string()) else { return false };
+    if Some(p.source_snapshot_id) != source.metadata().current_snapshot_id() {
+        return false;
+    }
+    let mut want = scan_rows(source, source.metadata().current_snapshot_id()).await;
+    let mut got = scan_rows(&t, t.metadata().current_snapshot_id()).await;
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "{table} records the source head but holds other rows");
+    true
+}
+
+async fn wait_caught_up(target_wh: &Path, table: &str, catalog: &Catalog, secs: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        let source = catalog.load_table(quickstart::TABLE).await.unwrap();
+        if caught_up(target_wh, table, &source).await {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    false
+}
+
+fn signal(child: &std::process::Child, sig: i32) {
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// The service end to end: READY and WATCHDOG notifications, the target following source commits, lag 0 and row
+/// counts in /metrics, a pipeline whose table is missing failing alone (/readyz), SIGHUP adding a pipeline, SIGTERM
+/// giving STOPPING and exit 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_follows_reloads_reports_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    std::fs::write(
+        &cfg,
+        service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders"), ("ghost", "demo.missing", "replica.ghost")]),
+    )
+    .unwrap();
+    let notify = Notifications::bind(&dir.path().join("notify.sock"));
+    let mut child = Command::new(CDC)
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("service.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "bootstrap: {}", log());
+
+    // the source keeps changing while the service runs
+    let mut t = table.clone();
+    for i in 0..3i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(300 + i, "live", 5 + i as i128), (1, "live-update", 9 + i as i128)], &[2 + i]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "following: {}", log());
+    assert!(notify.wait_for("WATCHDOG=1", 10), "no WATCHDOG=1: {:?}", notify.got.lock().unwrap());
+    assert!(notify.wait_for("STATUS=", 10));
+
+    let orders = "pipeline=\"orders\"";
+    assert!(
+        wait_until(10, || metric(&http_get(port, "/metrics").1, "cdc_replication_lag_snapshots", orders) == Some(0.0)),
+        "lag: {}",
+        http_get(port, "/metrics").1
+    );
+    let m = http_get(port, "/metrics").1;
+    assert!(metric(&m, "cdc_commits_total", orders).unwrap() >= 2.0, "{m}");
+    assert_eq!(metric(&m, "cdc_replication_lag_seconds", orders), Some(0.0), "{m}");
+    // the bootstrap copy's rows plus every INSERT change after it
+    let copied = scan_rows(&table, table.metadata().current_snapshot_id()).await.len();
+    let qcfg = config(dir.path(), &sql_config(&wh, "", ""));
+    let head = table.metadata().current_snapshot_id().unwrap().to_string();
+    let changes = ok(cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &head]));
+    let inserts = changes.lines().filter(|l| l.contains("\"_change_type\":\"INSERT\"")).count();
+    let label = format!("{orders},sink=\"iceberg:replica.orders\",change_type=\"INSERT\"");
+    assert_eq!(metric(&m, "cdc_rows_total", &label), Some((copied + inserts) as f64), "{m}");
+    assert!(metric(&m, "cdc_errors_total", "pipeline=\"ghost\"").unwrap() >= 1.0, "{m}");
+    let (code, body) = http_get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("ghost") && body.contains("not found"), "{body}");
+    assert_eq!(http_get(port, "/healthz").0, 200);
+
+    // SIGHUP: a new pipeline starts, the broken one is removed
+    std::fs::write(
+        &cfg,
+        service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders"), ("copy", quickstart::TABLE, "replica.copy")]),
+    )
+    .unwrap();
+    signal(&child, libc::SIGHUP);
+    assert!(wait_caught_up(&tw, "replica.copy", &catalog, 30).await, "after SIGHUP: {}", log());
+    assert!(wait_until(10, || http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
+
+    // a reload with errors is refused and the running configuration stays
+    std::fs::write(&cfg, "[service]\nbogus = 1\n").unwrap();
+    signal(&child, libc::SIGHUP);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "a bad reload must not stop the service");
+    assert!(log().contains("reload refused"), "{}", log());
+
+    signal(&child, libc::SIGTERM);
+    let exited = wait_until(15, || child.try_wait().unwrap().is_some());
+    assert!(exited, "no exit within the shutdown timeout");
+    assert!(child.wait().unwrap().success(), "{}", log());
+    assert!(notify.wait_for("STOPPING=1", 1));
+}
+
+/// SIGKILL the service mid-stream ten times while the source keeps changing, restarting it each time: the target
+/// ends equal to the source, each key once.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_survives_sigkill_mid_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let cfg = dir.path().join("service.toml");
+    std::fs::write(&cfg, service_toml(&wh, &tw, free_port(), &[("orders", quickstart::TABLE, "replica.orders")]).replace("200ms", "100ms")).unwrap();
+    let mut t = table.clone();
+    let mut rng = 17u64;
+    for round in 0..10i64 {
+        let mut child = Command::new(CDC)
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        for k in 0..3i64 {
+            let id = 1000 + round * 10 + k;
+            t = quickstart::commit_changes(&catalog, &t, &[(id, "k", id as i128), (1 + (id % 5), "u", round as i128)], &[id - 7]).await.unwrap();
+        }
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        tokio::time::sleep(std::time::Duration::from_millis(100 + (rng >> 33) % 400)).await;
+        signal(&child, libc::SIGKILL);
+        child.wait().unwrap();
+    }
+    let mut child = Command::new(CDC)
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ok = wait_caught_up(&tw, "replica.orders", &catalog, 60).await;
+    signal(&child, libc::SIGTERM);
+    child.wait().unwrap();
+    assert!(ok, "the target did not catch up after the kills");
+    let history = progress_history(&tw, "replica.orders");
+    let seqs = sequence_of(&t, &history);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "progress repeated or went backwards: {history:?}");
+}
+
+/// The systemd unit passes `systemd-analyze verify` (with the binary built here in place of /usr/local/bin/cdc).
+#[test]
+fn systemd_unit_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/cdc.service")).unwrap().replace("/usr/local/bin/cdc", CDC);
+    let path = dir.path().join("cdc.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("systemd-analyze (Debian package systemd) is needed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains(path.to_str().unwrap()), "{err}");
+}
