@@ -69,11 +69,15 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Build a small demo table (local warehouse + sqlite catalog) with a few commits and print its changes.
+    /// The embedded default end to end: a demo table (local warehouse + sqlite catalog), its changes, and the service
+    /// replicating it while it changes.
     Quickstart {
-        /// Where the demo warehouse and cdc.toml go.
+        /// Where the demo warehouse, cdc.toml and service.toml go.
         #[arg(long, default_value = "cdc-quickstart")]
         dir: PathBuf,
+        /// Only build the demo table and print its changes; do not run the service.
+        #[arg(long)]
+        changes_only: bool,
     },
 }
 
@@ -259,8 +263,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 summary.seconds
             );
         }
-        Cmd::Quickstart { dir } => {
-            iceberg_cdc::quickstart::run(&dir).await?;
+        Cmd::Quickstart { dir, changes_only } => {
+            iceberg_cdc::quickstart::run(&dir, changes_only).await?;
         }
         Cmd::Run { config } => {
             iceberg_cdc::service::run(&config, None).await?;

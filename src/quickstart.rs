@@ -1,5 +1,6 @@
 //! `cdc quickstart`: the embedded default end to end — a local warehouse with a sqlite catalog, a small `demo.orders`
-//! table with inserts, updates (equality delete + new row, merge-on-read) and deletes, and its changes printed.
+//! table with inserts, updates (equality delete + new row, merge-on-read) and deletes, its changes printed, then the
+//! main job: the service replicating it into `replica.orders` while two more commits land, and a clean stop.
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -60,16 +61,29 @@ pub async fn commit_changes(catalog: &Catalog, table: &Table, upserts: &[(i64, &
     catalog.commit(table, c.requirements, c.updates).await
 }
 
-pub async fn run(dir: &Path) -> Result<()> {
+/// Target table of the quickstart's replication (same sqlite catalog, its own namespace).
+pub const REPLICA: &str = "replica.orders";
+
+/// Builds the demo (once), prints its changes, and — unless `changes_only` — runs the service on it while
+/// committing more changes, showing the replica follow.
+pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let dir = dir.canonicalize()?;
     let warehouse = dir.join("warehouse");
     let config_path = dir.join("cdc.toml");
+    let service_path = dir.join("service.toml");
+    let catalog_section = format!("type = \"sql\"\nwarehouse = \"{}\"\n", warehouse.display());
     let config_text = format!(
-        "# written by `cdc quickstart`\n[source]\ntable = \"{TABLE}\"\n\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
-        warehouse.display()
+        "# written by `cdc quickstart`: cdc changes / cdc sync --config this file\n[source]\ntable = \"{TABLE}\"\n\n[source.catalog]\n{catalog_section}\n\
+         [target]\ntable = \"{REPLICA}\"\n\n[target.catalog]\n{catalog_section}"
     );
     std::fs::write(&config_path, &config_text)?;
+    let service_text = format!(
+        "# written by `cdc quickstart`: cdc run --config this file\n[service]\npoll_interval = \"200ms\"\nmetrics_address = \"off\"\n\n\
+         [catalogs.local]\n{catalog_section}\n[[pipelines]]\nname = \"orders\"\nsource = {{ catalog = \"local\", table = \"{TABLE}\" }}\n\n\
+         [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"local\"\ntable = \"{REPLICA}\"\n"
+    );
+    std::fs::write(&service_path, &service_text)?;
     let cfg = Config::parse(&config_text)?;
     let catalog = Catalog::connect(&cfg.source.catalog, "source").await?;
     let table = match catalog.load_table(TABLE).await {
@@ -88,15 +102,78 @@ pub async fn run(dir: &Path) -> Result<()> {
         }
         Err(e) => return Err(e),
     };
-    eprintln!("quickstart: changes of {TABLE} (config: {}):", config_path.display());
+    eprintln!("quickstart: the changes of {TABLE} so far (`cdc changes --config {}`):", config_path.display());
     let summary = pipeline::run_changes(&cfg, &table, None, None, |s| output::open(Format::Jsonl, None, s), |_| {}).await?;
-    eprintln!(
-        "quickstart: {} snapshots, {} insert, {} delete, {} update. Try: cdc snapshots --config {}",
-        summary.snapshots,
-        summary.inserts,
-        summary.deletes,
-        summary.update_pairs,
-        config_path.display()
-    );
+    eprintln!("quickstart: {} snapshots, {} insert, {} delete, {} update", summary.snapshots, summary.inserts, summary.deletes, summary.update_pairs);
+    if changes_only {
+        return Ok(());
+    }
+
+    // The main job: the service replicates demo.orders into replica.orders while the source keeps changing.
+    eprintln!("\nquickstart: starting the service (`cdc run --config {}`), polling every 200 ms", service_path.display());
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let service = tokio::spawn({
+        let path = service_path.clone();
+        async move { crate::service::run(&path, Some(stop_rx)).await }
+    });
+    let result = follow(&catalog, table).await;
+    let _ = stop.send(true);
+    let stopped = service.await.map_err(|e| Error::Internal(format!("service task: {e}")))?;
+    result?;
+    stopped?;
+    eprintln!("quickstart: service stopped cleanly. Run it yourself: cdc run --config {}", service_path.display());
     Ok(())
+}
+
+/// Commits two more changes to the source while the service runs and shows the replica catching up after each.
+async fn follow(catalog: &Catalog, table: Table) -> Result<()> {
+    let uuid = table.metadata().uuid().to_string();
+    let mut table = table;
+    let changes: [(&str, &[(i64, &str, i128)], &[i64]); 3] = [
+        ("(nothing new: the first poll copies the table)", &[], &[]),
+        ("update barbara, add alan, delete linus", &[(5, "barbara", 8000), (9, "alan", 4100)], &[3]),
+        ("update alan again, add frances", &[(9, "alan", 4200), (10, "frances", 2750)], &[]),
+    ];
+    for (what, upserts, deletes) in changes {
+        if !upserts.is_empty() || !deletes.is_empty() {
+            table = commit_changes(catalog, &table, upserts, deletes).await?;
+        }
+        let head = table.metadata().current_snapshot_id();
+        let started = std::time::Instant::now();
+        let replica = loop {
+            if let Ok(r) = catalog.load_table(REPLICA).await {
+                if crate::sink::iceberg::progress::read(r.metadata(), &uuid).map(|p| p.source_snapshot_id) == head {
+                    break r;
+                }
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                return Err(Error::Internal("the service did not catch up within 30 s".into()));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        eprintln!("\nquickstart: source commit: {what}; {REPLICA} caught up in {:.2}s:", started.elapsed().as_secs_f64());
+        for row in rows(&replica).await? {
+            eprintln!("  {row}");
+        }
+    }
+    Ok(())
+}
+
+/// A table's live rows as `id customer amount`, ordered by id.
+async fn rows(table: &Table) -> Result<Vec<String>> {
+    use futures::TryStreamExt;
+    let Some(id) = table.metadata().current_snapshot_id() else { return Ok(Vec::new()) };
+    let batches: Vec<RecordBatch> =
+        table.scan().snapshot_id(id).select(["id", "customer", "amount"]).build()?.to_arrow().await?.try_collect().await?;
+    let mut out = Vec::new();
+    for b in batches {
+        let ids = b.column(0).as_any().downcast_ref::<Int64Array>().ok_or_else(|| Error::Internal("id column".into()))?;
+        let names = b.column(1).as_any().downcast_ref::<StringArray>().ok_or_else(|| Error::Internal("customer column".into()))?;
+        let amounts = b.column(2).as_any().downcast_ref::<Decimal128Array>().ok_or_else(|| Error::Internal("amount column".into()))?;
+        for i in 0..b.num_rows() {
+            out.push((ids.value(i), format!("{:>3} {:<10} {:>9}", ids.value(i), names.value(i), amounts.value_as_string(i))));
+        }
+    }
+    out.sort();
+    Ok(out.into_iter().map(|(_, s)| s).collect())
 }

@@ -117,7 +117,7 @@ fn parse_changes(jsonl: &str) -> Vec<(String, String)> {
 async fn quickstart_table(dir: &Path) -> (Catalog, Table, PathBuf) {
     let qs = dir.join("qs");
     // quickstart prints changes to stdout; run it through the binary to keep this test's stdout clean
-    ok(cdc(&["quickstart", "--dir", qs.to_str().unwrap()]));
+    ok(cdc(&["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]));
     let cfg = Config::load(&qs.join("cdc.toml")).unwrap();
     let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
     let table = catalog.load_table(quickstart::TABLE).await.unwrap();
@@ -248,7 +248,7 @@ async fn bad_input_gets_clear_errors_and_distinct_exit_codes() {
 fn output_file_is_atomic_and_parquet_typed() {
     let dir = tempfile::tempdir().unwrap();
     let qs = dir.path().join("qs");
-    ok(cdc(&["quickstart", "--dir", qs.to_str().unwrap()]));
+    ok(cdc(&["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]));
     let cfg = qs.join("cdc.toml");
     let out = dir.path().join("changes.parquet");
     ok(cdc(&["changes", "--config", cfg.to_str().unwrap(), "--format", "parquet", "--output", out.to_str().unwrap()]));
@@ -966,4 +966,20 @@ fn systemd_unit_verifies() {
     let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("systemd-analyze (Debian package systemd) is needed");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !err.contains(path.to_str().unwrap()), "{err}");
+}
+
+/// README's first command: the quickstart builds the demo, runs the service while the source changes, shows the
+/// replica following, and stops cleanly — twice in a row (a second run continues where the first left off).
+#[test]
+fn quickstart_replicates_with_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let qs = dir.path().join("qs");
+    for run in 0..2 {
+        let out = cdc(&["quickstart", "--dir", qs.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "run {run}: {err}");
+        assert_eq!(err.matches("caught up in").count(), 3, "run {run}: {err}");
+        assert!(err.contains("stopped cleanly"), "{err}");
+        assert!(err.contains("10 frances"), "the replica shows the last change: {err}");
+    }
 }
