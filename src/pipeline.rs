@@ -312,7 +312,7 @@ pub async fn run_sync_on(
             Start::Bootstrap => src.schema_at(&src.end),
             Start::After(a) => src.schema_at(&src.snapshot(a)?),
         };
-        let t = target::ensure(&tcat, &tcfg.table, smeta, &first_schema, &src.key_ids, tcfg.format_version).await?;
+        let t = target::ensure(tcat, &tcfg.table, smeta, &first_schema, &src.key_ids, tcfg.format_version).await?;
         summary.target_created |= t.created;
         let (mut table, mut map) = (t.table, t.map);
         // Re-check on the table we will commit on: it may have changed since the load above.

@@ -129,7 +129,8 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
 async fn follow(catalog: &Catalog, table: Table) -> Result<()> {
     let uuid = table.metadata().uuid().to_string();
     let mut table = table;
-    let changes: [(&str, &[(i64, &str, i128)], &[i64]); 3] = [
+    type Change<'a> = (&'a str, &'a [(i64, &'a str, i128)], &'a [i64]);
+    let changes: [Change; 3] = [
         ("(nothing new: the first poll copies the table)", &[], &[]),
         ("update barbara, add alan, delete linus", &[(5, "barbara", 8000), (9, "alan", 4100)], &[3]),
         ("update alan again, add frances", &[(9, "alan", 4200), (10, "frances", 2750)], &[]),

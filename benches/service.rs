@@ -1,0 +1,186 @@
+//! Service benchmark: end-to-end latency and idle cost of `cdc run`.
+//!
+//! - Latency: a writer commits to the source every `--interval` seconds for `--seconds` while the service follows
+//!   it with a 1 s poll into a filesystem target. Latency of a source commit = commit time of the target snapshot
+//!   that first contains it − the source snapshot's commit time (both from table metadata, same clock). P50/P95/P99.
+//! - Idle: `--idle-pipelines` caught-up pipelines at poll 1 s for `--idle-seconds`: CPU share of one core (from
+//!   /proc/<pid>/stat) and resident memory (VmRSS, VmHWM).
+//!
+//! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10 --idle-seconds 30]`. Prints
+//! Markdown (copied into README.md).
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use iceberg_cdc::catalog::Catalog;
+use iceberg_cdc::config::Config;
+use iceberg_cdc::quickstart;
+
+const CDC: &str = env!("CARGO_BIN_EXE_cdc");
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn service_toml(source_wh: &Path, target_wh: &Path, pipelines: usize) -> String {
+    let mut s = format!(
+        "[service]\npoll_interval = \"1s\"\nmetrics_address = \"off\"\n\n[catalogs.demo]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n\
+         [catalogs.replica]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        source_wh.display(),
+        target_wh.display()
+    );
+    for i in 0..pipelines {
+        s += &format!(
+            "\n[[pipelines]]\nname = \"p{i}\"\nsource = {{ catalog = \"demo\", table = \"{}\" }}\n\n[[pipelines.sinks]]\ntype = \"iceberg\"\n\
+             catalog = \"replica\"\ntable = \"replica.orders{i}\"\n",
+            quickstart::TABLE
+        );
+    }
+    s
+}
+
+fn spawn(cfg: &Path) -> Child {
+    Command::new(CDC).args(["run", "--config", cfg.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+fn stop(mut child: Child) {
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let _ = child.wait();
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // fields 14 and 15 of stat (utime, stime) are 12 and 13 after the command name
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn hadoop_table(wh: &Path, name: &str) -> Option<iceberg::table::Table> {
+    let cfg = Config::parse(&format!("[source]\ntable = \"{name}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", wh.display())).ok()?;
+    Catalog::connect(&cfg.source.catalog, "t").await.ok()?.load_table(name).await.ok()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds = arg("--seconds", 120);
+    let interval = arg("--interval", 2);
+    let idle_pipelines = arg("--idle-pipelines", 10) as usize;
+    let idle_seconds = arg("--idle-seconds", 30);
+    let dir = tempfile::tempdir().unwrap();
+    let qs = dir.path().join("qs");
+    let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let wh = qs.join("warehouse");
+    let scfg = Config::load(&qs.join("cdc.toml")).unwrap();
+    let catalog = Catalog::connect(&scfg.source.catalog, "source").await.unwrap();
+    let mut table = catalog.load_table(quickstart::TABLE).await.unwrap();
+
+    // --- latency
+    let tw = dir.path().join("replica");
+    let cfg = dir.path().join("latency.toml");
+    std::fs::write(&cfg, service_toml(&wh, &tw, 1)).unwrap();
+    let child = spawn(&cfg);
+    let uuid = table.metadata().uuid().to_string();
+    let caught_up = |t: Option<iceberg::table::Table>, head: Option<i64>| {
+        t.and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &uuid)).map(|p| p.source_snapshot_id) == head
+    };
+    let start = Instant::now();
+    while !caught_up(hadoop_table(&tw, "replica.orders0").await, table.metadata().current_snapshot_id()) {
+        assert!(start.elapsed() < Duration::from_secs(60), "bootstrap did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first_measured = table.metadata().current_snapshot_id();
+    let started = Instant::now();
+    let mut n = 0i64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let t0 = Instant::now();
+        n += 1;
+        table = quickstart::commit_changes(&catalog, &table, &[(10_000 + n, "bench", n as i128), (1 + n % 8, "upd", n as i128)], &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(interval).saturating_sub(t0.elapsed())).await;
+    }
+    let head = table.metadata().current_snapshot_id();
+    let wait = Instant::now();
+    while !caught_up(hadoop_table(&tw, "replica.orders0").await, head) {
+        assert!(wait.elapsed() < Duration::from_secs(60), "the service did not catch up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(child);
+    let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
+    let source_lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let measured: Vec<_> = source_lineage.iter().skip_while(|s| Some(s.snapshot_id()) != first_measured).skip(1).collect();
+    let target_lineage = iceberg_cdc::source::lineage::main_lineage(target.metadata());
+    let mut lat = Vec::new();
+    for s in &measured {
+        // the first target snapshot whose recorded source sequence number reaches this snapshot's
+        let hit = target_lineage.iter().find(|t| {
+            t.summary()
+                .additional_properties
+                .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|seq| seq >= s.sequence_number())
+        });
+        if let Some(t) = hit {
+            lat.push((t.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0);
+        }
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("### Service latency (poll 1 s, a source commit every {interval} s for {seconds} s)\n");
+    println!("| commits | P50 s | P95 s | P99 s | max s |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+        lat.len(),
+        percentile(&lat, 50.0),
+        percentile(&lat, 95.0),
+        percentile(&lat, 99.0),
+        lat.last().copied().unwrap_or(f64::NAN)
+    );
+
+    // --- idle cost
+    let tw = dir.path().join("idle");
+    let cfg = dir.path().join("idle.toml");
+    std::fs::write(&cfg, service_toml(&wh, &tw, idle_pipelines)).unwrap();
+    let child = spawn(&cfg);
+    let head = table.metadata().current_snapshot_id();
+    let wait = Instant::now();
+    for i in 0..idle_pipelines {
+        while !caught_up(hadoop_table(&tw, &format!("replica.orders{i}")).await, head) {
+            assert!(wait.elapsed() < Duration::from_secs(120), "idle pipelines did not catch up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = child.id();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (c0, t0) = (cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+    let (c1, t1) = (cpu_ticks(pid), Instant::now());
+    let rss = status_kb(pid, "VmRSS:") as f64 / 1024.0;
+    let hwm = status_kb(pid, "VmHWM:") as f64 / 1024.0;
+    stop(child);
+    let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+    println!("### Service idle cost ({idle_pipelines} caught-up pipelines, poll 1 s, {idle_seconds} s)\n");
+    println!("| CPU % of one core | RSS MB | peak RSS MB |");
+    println!("|---|---|---|");
+    println!("| {cpu:.2} | {rss:.1} | {hwm:.1} |");
+}
