@@ -126,9 +126,9 @@ async fn main() {
     }
     stop(child);
     let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
-    let source_lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let source_lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
     let measured: Vec<_> = source_lineage.iter().skip_while(|s| Some(s.snapshot_id()) != first_measured).skip(1).collect();
-    let target_lineage = iceberg_cdc::source::lineage::main_lineage(target.metadata());
+    let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
     let mut lat = Vec::new();
     for s in &measured {
         // the first target snapshot whose recorded source sequence number reaches this snapshot's

@@ -6,7 +6,7 @@ use iceberg_cdc::config::Config;
 use iceberg_cdc::error::{exit, Error};
 use iceberg_cdc::output::{self, Format};
 use iceberg_cdc::pipeline;
-use iceberg_cdc::source::lineage::{self, Bound};
+use iceberg_cdc::spec::lineage::{self, Bound};
 
 #[derive(Parser)]
 #[command(name = "cdc", version, about = "Change data capture for Apache Iceberg tables")]

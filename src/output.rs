@@ -169,7 +169,7 @@ fn push_json_str(out: &mut String, s: &str) {
 }
 
 fn field_key(f: &Field) -> String {
-    crate::source::reader::field_id(f).map(|id| id.to_string()).unwrap_or_else(|| f.name().clone())
+    crate::spec::projection::field_id(f).map(|id| id.to_string()).unwrap_or_else(|| f.name().clone())
 }
 
 /// Appends the Iceberg single-value JSON form of `array[row]`.

@@ -16,7 +16,7 @@ use crate::sink::iceberg::evolve::{self, EvolveOptions, FieldMap};
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{progress, target};
 use crate::source::changelog::{self, ChangelogScan, ScanOptions, SnapshotStats};
-use crate::source::lineage::{self, Bound};
+use crate::spec::lineage::{self, Bound};
 
 #[derive(Debug, Default, Serialize)]
 pub struct ChangesSummary {

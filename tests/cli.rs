@@ -135,7 +135,7 @@ async fn equality_deletes_match_iceberg_rust_scan() {
     let table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
 
     let cfg = config(dir.path(), &sql_config(&wh, "", ""));
-    let lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
     assert_eq!(lineage.len(), 5);
     let mut total = 0;
     for s in &lineage {
@@ -187,7 +187,7 @@ async fn small_memory_budget_spills_and_gives_the_same_rows() {
 async fn bad_input_gets_clear_errors_and_distinct_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let (_catalog, table, wh) = quickstart_table(dir.path()).await;
-    let lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
     let (first, last) = (lineage[0].snapshot_id().to_string(), lineage[3].snapshot_id().to_string());
     let good = config(dir.path(), &sql_config(&wh, "", ""));
     let good = good.to_str().unwrap();
@@ -287,7 +287,7 @@ async fn sync_resumes_is_idempotent_and_refuses_gaps() {
     let dir = tempfile::tempdir().unwrap();
     let (_c, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("target");
-    let lineage = iceberg_cdc::source::lineage::main_lineage(table.metadata());
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
     let ids: Vec<String> = lineage.iter().map(|s| s.snapshot_id().to_string()).collect();
     let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""));
     let cfg = cfg.to_str().unwrap();
@@ -372,7 +372,7 @@ async fn sync_bad_input_commits_nothing() {
     // no [target] section
     let out = cdc(&["sync", "--config", config(dir.path(), &sql_config(&wh, "", "")).to_str().unwrap()]);
     assert_eq!(code(&out), exit::CONFIG);
-    assert_eq!(iceberg_cdc::source::lineage::main_lineage(table.metadata()).len(), 4, "the source is untouched");
+    assert_eq!(iceberg_cdc::spec::lineage::main_lineage(table.metadata()).len(), 4, "the source is untouched");
 }
 
 fn progress_history(target_wh: &Path, table: &str) -> Vec<i64> {
@@ -416,7 +416,7 @@ async fn a_paused_applier_replans_instead_of_reapplying() {
             .await
             .unwrap();
     }
-    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    let ids: Vec<String> = iceberg_cdc::spec::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
     let tw = dir.path().join("target");
     let cfg = config(dir.path(), &sync_config(&wh, "replica.paused", &tw, ""));
     let cfg_s = cfg.to_str().unwrap();
@@ -462,7 +462,7 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
             .await
             .unwrap();
     }
-    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    let ids: Vec<String> = iceberg_cdc::spec::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
     for (kind, trials) in [("hadoop", 4), ("sql", 4)] {
         for trial in 0..trials {
             let tw = dir.path().join(format!("target-{kind}-{trial}"));
@@ -663,7 +663,7 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
         tw.display()
     );
     let scfg = config(dir.path(), &sbody);
-    let lineage = iceberg_cdc::source::lineage::main_lineage(t.metadata());
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(t.metadata());
     ok(cdc(&["sync", "--config", scfg.to_str().unwrap(), "--to-snapshot", &lineage[0].snapshot_id().to_string()]));
     ok(cdc(&["sync", "--config", scfg.to_str().unwrap()]));
     assert_target_equals_source(&scfg, &t, "replica.types").await;
@@ -675,7 +675,7 @@ async fn types_spark_cannot_write_go_through_changes_and_sync() {
 async fn range_messages_name_the_real_problem() {
     let dir = tempfile::tempdir().unwrap();
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
-    let ids: Vec<String> = iceberg_cdc::source::lineage::main_lineage(table.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
+    let ids: Vec<String> = iceberg_cdc::spec::lineage::main_lineage(table.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
     let tw = dir.path().join("target");
     let cfg = config(dir.path(), &sync_config(&wh, "replica.msgs", &tw, ""));
     let cfg = cfg.to_str().unwrap();

@@ -31,7 +31,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::pipeline::{self, SyncContext};
 use crate::sink::iceberg::progress;
-use crate::source::lineage;
+use crate::spec::lineage;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
 

@@ -22,7 +22,7 @@ use roaring::RoaringTreemap;
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
 use crate::source::files::{self, FileEntry};
-use crate::source::lineage;
+use crate::spec::lineage;
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::spec::rowenc;

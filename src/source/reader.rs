@@ -17,14 +17,12 @@ use parquet::arrow::ProjectionMask;
 use roaring::RoaringTreemap;
 
 use crate::error::{Error, Result};
-use crate::source::dv;
+use crate::spec::dv;
 use crate::source::files::FileEntry;
 use crate::spec::projection;
 
 pub const BATCH_SIZE: usize = 8192;
-/// Reserved field ids of position-delete files (Iceberg spec).
-pub const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
-pub const POS_DELETE_POS_ID: i32 = 2147483545;
+pub use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 pub use crate::spec::projection::field_id;
 
@@ -75,16 +73,7 @@ pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
     projection::project_batch(batch, &relax(target), &Some)
 }
 
-/// The same schema with every top-level field nullable.
-pub fn relax(schema: &SchemaRef) -> SchemaRef {
-    if schema.fields().iter().all(|f| f.is_nullable()) {
-        return schema.clone();
-    }
-    Arc::new(Schema::new_with_metadata(
-        schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect::<Vec<_>>(),
-        schema.metadata().clone(),
-    ))
-}
+pub use crate::spec::projection::relax;
 
 /// A v2 position-delete file: deleted positions per data file path.
 pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashMap<String, RoaringTreemap>> {
@@ -142,8 +131,7 @@ pub struct EqDeletes {
     pub keys: KeySet,
 }
 
-/// Encoded keys; ahash because SipHash dominated equality-delete matching in profiles.
-pub type KeySet = HashSet<Box<[u8]>, ahash::RandomState>;
+pub use crate::spec::rowenc::KeySet;
 
 impl EqDeletes {
     pub fn converter(&self, data_schema: &Schema) -> Result<(RowConverter, Vec<usize>)> {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use arrow_array::{new_null_array, Array, ArrayRef, ListArray, MapArray, RecordBatch, RecordBatchOptions, StructArray};
-use arrow_schema::{DataType, Field, FieldRef, Fields, SchemaRef};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use crate::error::{Error, Result};
@@ -98,9 +98,15 @@ fn has_nested_ids(dt: &DataType) -> bool {
     matches!(dt, DataType::Struct(_) | DataType::List(_) | DataType::Map(..) | DataType::LargeList(_))
 }
 
-/// `fields` with every top-level field nullable.
-pub fn relaxed_fields(fields: &Fields) -> Vec<FieldRef> {
-    fields.iter().map(|f| if f.is_nullable() { f.clone() } else { Arc::new(f.as_ref().clone().with_nullable(true)) }).collect()
+/// The same schema with every top-level field nullable.
+pub fn relax(schema: &SchemaRef) -> SchemaRef {
+    if schema.fields().iter().all(|f| f.is_nullable()) {
+        return schema.clone();
+    }
+    Arc::new(Schema::new_with_metadata(
+        schema.fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    ))
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@ use arrow_schema::{DataType, Field, FieldRef, Fields};
 
 use crate::error::Result;
 
+/// Encoded keys; ahash because SipHash dominated equality-delete matching in profiles.
+pub type KeySet = std::collections::HashSet<Box<[u8]>, ahash::RandomState>;
+
 /// The type a column of type `dt` is encoded as (maps become lists of entry structs).
 pub fn encodable_type(dt: &DataType) -> DataType {
     match dt {

@@ -51,7 +51,7 @@ pub struct CommitWriter {
     key_idx: Vec<usize>,
     keys: RowConverter,
     /// Keys this commit already deletes by equality.
-    deleted: crate::source::reader::KeySet,
+    deleted: crate::spec::rowenc::KeySet,
     /// Rows this commit wrote: key → (file, position, source snapshot).
     written: HashMap<Box<[u8]>, Vec<Written>, ahash::RandomState>,
     positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
@@ -270,7 +270,7 @@ impl CommitWriter {
 
 /// Change rows → the target's arrow schema, by field id at every level (types cast where promoted).
 fn to_target(batch: &RecordBatch, target: &SchemaRef, to_source: &HashMap<i32, i32>) -> Result<RecordBatch> {
-    let relaxed = crate::source::reader::relax(target);
+    let relaxed = crate::spec::projection::relax(target);
     let projected = crate::spec::projection::project_batch(batch, &relaxed, &|id| to_source.get(&id).copied())?;
     let cols = projected.columns().to_vec();
     // required target columns: nulls would be a schema error the validation should have caught

@@ -11,8 +11,8 @@ use parquet::file::properties::WriterProperties;
 use roaring::RoaringTreemap;
 
 use crate::error::{Error, Result};
-use crate::source::dv;
-use crate::source::reader::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
+use crate::spec::dv;
+use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 const PUFFIN_MAGIC: [u8; 4] = *b"PFA1";
 /// Field id the spec assigns to a deletion vector's blob (`_pos`).

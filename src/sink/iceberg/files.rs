@@ -77,7 +77,7 @@ impl PartitionedWriter {
                 let arrow = iceberg::arrow::schema_to_arrow_schema(&table_schema)?;
                 let idx = ids
                     .iter()
-                    .map(|id| arrow.fields().iter().position(|f| crate::source::reader::field_id(f) == Some(*id)).unwrap_or(usize::MAX))
+                    .map(|id| arrow.fields().iter().position(|f| crate::spec::projection::field_id(f) == Some(*id)).unwrap_or(usize::MAX))
                     .collect::<Vec<_>>();
                 let s = Arc::new(iceberg::spec::Schema::builder().with_fields(fields).build()?);
                 let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&s)?);

@@ -20,7 +20,7 @@ pub struct Progress {
 
 /// The newest progress recorded for `source_uuid` on the target's main branch.
 pub fn read(target: &TableMetadata, source_uuid: &str) -> Option<Progress> {
-    for s in crate::source::lineage::main_lineage(target).iter().rev() {
+    for s in crate::spec::lineage::main_lineage(target).iter().rev() {
         let p = &s.summary().additional_properties;
         if p.get(SOURCE_TABLE_UUID).map(String::as_str) != Some(source_uuid) {
             continue;
