@@ -69,7 +69,8 @@ fn status_kb(pid: u32, key: &str) -> u64 {
 }
 
 async fn hadoop_table(wh: &Path, name: &str) -> Option<iceberg::table::Table> {
-    let cfg = Config::parse(&format!("[source]\ntable = \"{name}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", wh.display())).ok()?;
+    let cfg =
+        Config::parse(&format!("[source]\ntable = \"{name}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", wh.display())).ok()?;
     Catalog::connect(&cfg.source.catalog, "t").await.ok()?.load_table(name).await.ok()
 }
 

@@ -1,2 +1,103 @@
-//! The write side. `iceberg`: files and merge-on-read commits on a target Iceberg table.
+//! The write side: destinations of change rows. Each implements [`Sink`], which the runner in `pipeline` drives the
+//! same way for every destination — `cdc sync`, the service, and (next) the Kafka republisher:
+//!
+//! 1. [`Sink::recorded`]: the source snapshot the sink's own recorded progress is at;
+//! 2. [`Sink::prepare`]: create what is missing (a target table from the schema the sync starts from);
+//! 3. per commit: [`Sink::begin`] → [`Sink::write`] (the change rows, in order) → [`Sink::commit`] (atomically with
+//!    the progress of the commit's last source snapshot, valid only on the progress it was planned from) or
+//!    [`Sink::abort`].
+//!
+//! A sink that finds its progress moved by another writer answers [`Committed::Replan`]; the runner then plans again
+//! from what the sink records — never re-applying a range, never moving progress backwards.
 pub mod iceberg;
+
+use ::iceberg::spec::{SchemaRef, SnapshotRef, TableMetadataRef};
+use arrow_array::RecordBatch;
+use futures::future::BoxFuture;
+
+use crate::error::Result;
+
+/// The source a sink serves, as the runner resolved it.
+#[derive(Debug, Clone)]
+pub struct SourceInfo {
+    /// The source table's uuid: progress is recorded per source table.
+    pub uuid: String,
+    /// `namespace.table`, for messages and summaries.
+    pub name: String,
+    pub metadata: TableMetadataRef,
+    /// Key columns as source field ids, in key order (empty: whole-row identity).
+    pub key_ids: Vec<i32>,
+    /// The schema whose column names the user's configuration uses (equality columns are resolved in it).
+    pub names_schema: SchemaRef,
+}
+
+/// One commit the runner asks of a sink.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    /// Source snapshots the commit covers, oldest first (for a bootstrap copy: the copied snapshot).
+    pub snapshots: Vec<SnapshotRef>,
+    /// The rows are the full contents of the snapshot and the sink is empty: nothing needs deleting.
+    pub bootstrap: bool,
+    /// The schema the rows come in (the last snapshot's).
+    pub schema: SchemaRef,
+    /// The progress (source snapshot id) the commit is valid on; `None` for a bootstrap.
+    pub base: Option<i64>,
+    /// Commit even when nothing changed: the last commit of a run records how far it got.
+    pub must_commit: bool,
+}
+
+impl Chunk {
+    pub fn last(&self) -> &SnapshotRef {
+        self.snapshots.last().expect("a chunk has snapshots")
+    }
+}
+
+/// What one commit did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CommitStats {
+    pub inserts: u64,
+    pub deletes: u64,
+    pub updates: u64,
+    pub data_rows: u64,
+    pub equality_delete_rows: u64,
+    pub position_deletes: u64,
+    pub files: usize,
+    pub bytes: u64,
+    /// From reading the commit's changes to the commit landing.
+    pub seconds: f64,
+}
+
+/// How a commit ended.
+#[derive(Debug, Clone)]
+pub enum Committed {
+    /// It landed; `id` names it in the sink (a target snapshot id).
+    Done { id: i64, stats: CommitStats },
+    /// Nothing to write (compactions only): the progress moves with the next commit.
+    Empty,
+    /// The sink's progress moved under the plan (another writer): plan again.
+    Replan,
+}
+
+/// A destination of change rows, driven by the runner. Object-safe: the runner holds a `&mut dyn Sink`.
+pub trait Sink: Send {
+    /// How the sink is named in logs, metrics and summaries (`iceberg:<table>`).
+    fn label(&self) -> String;
+    /// Reloads the sink's state; the source snapshot its recorded progress is at (`None`: nothing recorded).
+    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>>;
+    /// Makes the sink ready for commits starting from rows of `schema`, creating what is missing. `bootstrap`: the
+    /// first commit will be a full copy, refused when the sink holds rows without progress. Returns the progress of
+    /// the state it will commit on (the runner plans again when it differs from [`Sink::recorded`]'s).
+    fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>>;
+    /// Opens a commit for `chunk`.
+    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>>;
+    /// Change rows of the open commit, in order.
+    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>>;
+    /// Commits the open commit with its progress. `stop`: a shutdown request abandons it before the final call.
+    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>>;
+    /// Abandons the open commit and removes what it wrote.
+    fn abort(&mut self) -> BoxFuture<'_, ()>;
+    /// Commit attempts repeated so far (conflicts, transient failures).
+    fn retries(&self) -> u32;
+    /// Whether this sink created its destination (a target table) in this run.
+    fn created(&self) -> bool;
+}

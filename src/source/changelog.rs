@@ -22,9 +22,9 @@ use roaring::RoaringTreemap;
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
 use crate::source::files::{self, FileEntry};
-use crate::spec::lineage;
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
+use crate::spec::lineage;
 use crate::spec::rowenc;
 
 #[derive(Debug, Clone)]

@@ -17,8 +17,8 @@ use parquet::arrow::ProjectionMask;
 use roaring::RoaringTreemap;
 
 use crate::error::{Error, Result};
-use crate::spec::dv;
 use crate::source::files::FileEntry;
+use crate::spec::dv;
 use crate::spec::projection;
 
 pub const BATCH_SIZE: usize = 8192;

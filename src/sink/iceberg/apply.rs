@@ -23,19 +23,7 @@ use crate::sink::iceberg::deletes::{self, Partition};
 use crate::sink::iceberg::evolve::FieldMap;
 use crate::sink::iceberg::files::{Content, PartitionedWriter};
 
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct CommitStats {
-    pub inserts: u64,
-    pub deletes: u64,
-    pub updates: u64,
-    pub data_rows: u64,
-    pub equality_delete_rows: u64,
-    pub position_deletes: u64,
-    pub files: usize,
-    pub bytes: u64,
-    /// From reading the commit's changes to the commit landing.
-    pub seconds: f64,
-}
+pub use crate::sink::CommitStats;
 
 /// A row this commit wrote: (data file, position, source snapshot it came from).
 type Written = (Arc<str>, u64, i64);

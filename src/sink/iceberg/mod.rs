@@ -5,4 +5,5 @@ pub mod evolve;
 pub mod files;
 pub mod progress;
 pub mod rowdelta;
+pub mod sink;
 pub mod target;

@@ -1,0 +1,284 @@
+//! The Iceberg target as a [`Sink`]: a table in any catalog, written as merge-on-read commits.
+//!
+//! Per commit: evolve the target schema to the chunk's source schema (by field id, see `evolve`), write data and
+//! delete files with a [`CommitWriter`], and commit them as one row delta that also records the progress (snapshot
+//! summary) and, when it changed, the field-id mapping (table property) and the new schema. The commit requires the
+//! target head and schema it was planned on; on a conflict or a transient failure it backs off, reloads, and either
+//! commits the same files on the new head (only unrelated commits landed) or answers [`Committed::Replan`] (the
+//! recorded progress or the schema moved) after removing its files.
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use iceberg::spec::{DataFile, SchemaRef};
+use iceberg::table::Table;
+
+use crate::catalog::Catalog;
+use crate::config::TargetConfig;
+use crate::error::{Error, Result};
+use crate::sink::iceberg::apply::{CommitWriter, WriterSpec};
+use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
+use crate::sink::iceberg::rowdelta::RowDelta;
+use crate::sink::iceberg::{progress, target};
+use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
+
+/// An Iceberg target table.
+pub struct IcebergSink<'c> {
+    catalog: &'c Catalog,
+    cfg: TargetConfig,
+    table: Option<Table>,
+    map: FieldMap,
+    /// Equality columns as source field ids (resolved in `prepare`).
+    equality_ids: Vec<i32>,
+    open: Option<Open>,
+    retries: u32,
+    created: bool,
+}
+
+/// The commit being written.
+struct Open {
+    writer: CommitWriter,
+    evolution: Evolution,
+    last_snapshot_id: i64,
+    last_sequence_number: i64,
+    base: Option<i64>,
+    must_commit: bool,
+    started: Instant,
+    planned_schema_id: i32,
+}
+
+impl<'c> IcebergSink<'c> {
+    pub fn new(catalog: &'c Catalog, cfg: TargetConfig) -> Self {
+        IcebergSink { catalog, cfg, table: None, map: FieldMap::default(), equality_ids: Vec::new(), open: None, retries: 0, created: false }
+    }
+
+    fn table(&self) -> Result<&Table> {
+        self.table.as_ref().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))
+    }
+
+    async fn do_begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {
+        let table = self.table()?;
+        let tmeta = table.metadata();
+        let last = chunk.last();
+        let pinned: HashSet<i32> = tmeta.default_partition_spec().fields().iter().map(|f| f.source_id).collect();
+        let opts = EvolveOptions {
+            keep_dropped_columns: self.cfg.keep_dropped_columns,
+            defaults_allowed: tmeta.format_version() >= iceberg::spec::FormatVersion::V3,
+        };
+        let evolution = evolve::evolve(
+            tmeta.current_schema(),
+            tmeta.last_column_id(),
+            &self.map,
+            &chunk.schema,
+            &source.key_ids,
+            last.snapshot_id(),
+            &pinned,
+            opts,
+        )?;
+        if !evolution.changes.is_empty() {
+            tracing::info!(source_snapshot = last.snapshot_id(), changes = %evolution.changes.join("; "), "target schema follows the source");
+        }
+        let equality_ids = self
+            .equality_ids
+            .iter()
+            .map(|id| {
+                evolution.map.target_of(*id).ok_or_else(|| Error::Schema(format!("equality column (source field id {id}) has no target column")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let spec = WriterSpec {
+            schema: Arc::new(evolution.schema.clone()),
+            map: &evolution.map,
+            equality_ids,
+            target_file_size: self.cfg.target_file_size,
+            bootstrap: chunk.bootstrap,
+            multi_snapshot: chunk.snapshots.len() > 1,
+        };
+        let writer = CommitWriter::new(table, spec)?;
+        self.open = Some(Open {
+            writer,
+            planned_schema_id: tmeta.current_schema_id(),
+            evolution,
+            last_snapshot_id: last.snapshot_id(),
+            last_sequence_number: last.sequence_number(),
+            base: chunk.base,
+            must_commit: chunk.must_commit,
+            started: Instant::now(),
+        });
+        Ok(())
+    }
+
+    async fn do_commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
+        let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
+        let (data, dels, stats) = open.writer.finish().await?;
+        let mut target = self.table.clone().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))?;
+        let evo = open.evolution;
+        let map_recorded = FieldMap::read(target.metadata(), &source.uuid).ok().flatten().as_ref() == Some(&evo.map);
+        if data.is_empty() && dels.is_empty() && !evo.changed && map_recorded && !open.must_commit {
+            return Ok(Committed::Empty);
+        }
+        let files: Vec<String> = data.iter().chain(&dels).map(|f| f.file_path().to_string()).collect();
+        let props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
+        let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
+        let mut attempt = 0u32;
+        test_pause_before_commit();
+        loop {
+            let prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            if stop.is_some_and(|s| *s.borrow()) {
+                // shutting down: abandon before the catalog call, so the commit either happened or never will
+                delete_files(&target, files).await;
+                return Err(Error::Cancelled);
+            }
+            match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
+                Ok(t) => {
+                    self.table = Some(t);
+                    self.map = evo.map;
+                    let stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
+                    return Ok(Committed::Done { id: prepared.snapshot_id, stats });
+                }
+                Err(e) if e.is_retryable() && attempt + 1 < self.cfg.commit_retries => {
+                    attempt += 1;
+                    self.retries += 1;
+                    let base_ms = self.cfg.retry_backoff.as_millis() as u64 * (1u64 << attempt.min(10));
+                    let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % (base_ms / 2 + 1);
+                    tracing::warn!(error = %e, attempt, "target commit failed, retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(base_ms / 2 + jitter)).await;
+                    target = self.catalog.load_table(&self.cfg.table).await?;
+                    self.table = Some(target.clone());
+                    let now = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+                    if now != open.base || target.metadata().current_schema_id() != open.planned_schema_id {
+                        tracing::warn!(planned_from = ?open.base, recorded = ?now, "another writer moved the target's progress or schema; discarding this commit's files");
+                        delete_files(&target, files).await;
+                        return Ok(Committed::Replan);
+                    }
+                    // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
+                }
+                Err(e) => {
+                    delete_files(&target, files).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+fn row_delta(
+    data: &[DataFile],
+    dels: &[DataFile],
+    props: &HashMap<String, String>,
+    table_props: &HashMap<String, String>,
+    evo: &Evolution,
+) -> RowDelta {
+    let delta = RowDelta::new()
+        .add_data_files(data.iter().cloned())
+        .add_delete_files(dels.iter().cloned())
+        .set_snapshot_properties(props.clone())
+        .set_table_properties(table_props.clone());
+    if evo.changed {
+        delta.set_schema(evo.schema.clone())
+    } else {
+        delta
+    }
+}
+
+impl Sink for IcebergSink<'_> {
+    fn label(&self) -> String {
+        format!("iceberg:{}", self.cfg.table)
+    }
+
+    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
+        async move {
+            match self.catalog.load_table(&self.cfg.table).await {
+                Ok(t) => {
+                    let p = progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+                    self.table = Some(t);
+                    Ok(p)
+                }
+                Err(Error::TableNotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+        .boxed()
+    }
+
+    fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
+        async move {
+            self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
+            let t = target::ensure(self.catalog, &self.cfg.table, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
+            self.created |= t.created;
+            let recorded = progress::read(t.table.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+            if bootstrap && recorded.is_none() {
+                let rows = t.table.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
+                if rows.as_deref().is_some_and(|n| n != "0") {
+                    return Err(Error::Range(format!(
+                        "the target `{}` already holds rows but has no progress for `{}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
+                        self.cfg.table, source.name
+                    )));
+                }
+            }
+            self.table = Some(t.table);
+            self.map = t.map;
+            Ok(recorded)
+        }
+        .boxed()
+    }
+
+    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>> {
+        self.do_begin(source, chunk).boxed()
+    }
+
+    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>> {
+        async move {
+            let open = self.open.as_mut().ok_or_else(|| Error::Internal("write without begin".into()))?;
+            open.writer.write_changes(&batch).await
+        }
+        .boxed()
+    }
+
+    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>> {
+        self.do_commit(source, stop).boxed()
+    }
+
+    fn abort(&mut self) -> BoxFuture<'_, ()> {
+        async move {
+            if let (Some(open), Some(table)) = (self.open.take(), self.table.as_ref()) {
+                delete_files(table, open.writer.abort()).await;
+            }
+        }
+        .boxed()
+    }
+
+    fn retries(&self) -> u32 {
+        self.retries
+    }
+
+    fn created(&self) -> bool {
+        self.created
+    }
+}
+
+/// Removes files a commit wrote but will never reference (best effort: an orphan is harmless, only wasted space).
+async fn delete_files(table: &Table, paths: Vec<String>) {
+    for p in paths {
+        if let Err(e) = table.file_io().delete(&p).await {
+            tracing::debug!(path = %p, error = %e, "could not remove an unreferenced file");
+        }
+    }
+}
+
+/// Test hook: with `CDC_TEST_PAUSE_BEFORE_COMMIT=<dir>` the first commit of the process waits, after its files are
+/// written, until `<dir>/resume` exists (it creates `<dir>/paused` first). Lets tests put another writer's commit
+/// between our plan and our commit.
+fn test_pause_before_commit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Some(dir) = std::env::var_os("CDC_TEST_PAUSE_BEFORE_COMMIT") else { return };
+    ONCE.call_once(|| {
+        let dir = std::path::PathBuf::from(dir);
+        let _ = std::fs::write(dir.join("paused"), b"");
+        while !dir.join("resume").exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
+}
