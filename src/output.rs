@@ -79,16 +79,18 @@ impl crate::change::ChangeSink for WriterSink<'_> {
     }
 }
 
+/// A writer of change rows (in the engine's change schema; `_change_type` is encoded as its name here).
 pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Box<dyn ChangeWriter>> {
     let target = Target::open(path)?;
+    let schema = crate::change::output_schema(&schema);
     Ok(match format {
-        Format::Jsonl => Box::new(JsonLines { target, line: String::new() }),
+        Format::Jsonl => Box::new(JsonLines { target, line: String::new(), schema }),
         Format::Parquet => {
             let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap())).build();
             let path = target.name();
-            let writer = ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema, Some(props))
+            let writer = ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema.clone(), Some(props))
                 .map_err(|e| output_error(&path, e))?;
-            Box::new(ParquetOut { writer: Some(writer), path })
+            Box::new(ParquetOut { writer: Some(writer), path, schema })
         }
     })
 }
@@ -96,10 +98,12 @@ pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Bo
 struct JsonLines {
     target: Target,
     line: String,
+    schema: SchemaRef,
 }
 
 impl ChangeWriter for JsonLines {
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let batch = &crate::change::for_output(batch, &self.schema)?;
         let schema = batch.schema();
         for row in 0..batch.num_rows() {
             self.line.clear();
@@ -138,6 +142,7 @@ impl Write for SharedTarget {
 struct ParquetOut {
     writer: Option<ArrowWriter<SharedTarget>>,
     path: String,
+    schema: SchemaRef,
 }
 
 /// A failure writing our own output is an I/O error on that output (disk full, permissions), never a bad input.
@@ -151,7 +156,8 @@ fn output_error(path: &str, e: parquet::errors::ParquetError) -> Error {
 
 impl ChangeWriter for ParquetOut {
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        self.writer.as_mut().expect("not finished").write(batch).map_err(|e| output_error(&self.path, e))
+        let batch = crate::change::for_output(batch, &self.schema)?;
+        self.writer.as_mut().expect("not finished").write(&batch).map_err(|e| output_error(&self.path, e))
     }
     fn finish(mut self: Box<Self>) -> Result<()> {
         let w = self.writer.take().expect("not finished");

@@ -253,7 +253,7 @@ impl<'a> ChangelogScan<'a> {
             let batch = change::with_metadata(&self.out_schema, projected.columns().to_vec(), types, commit)?;
             if let Some(t) = change::change_types(&batch) {
                 for v in t.iter().flatten() {
-                    if let Some(ct) = ChangeType::parse(v) {
+                    if let Some(ct) = ChangeType::from_code(v) {
                         counts[ct as usize] += 1;
                     }
                 }
@@ -496,7 +496,7 @@ impl ChangelogScan<'_> {
             };
             let n = batch.num_rows();
             let projected = reader::project(&batch, &out_data_schema)?;
-            let types: arrow_array::ArrayRef = Arc::new(arrow_array::StringArray::from(vec![ChangeType::Insert.as_str(); n]));
+            let types = change::change_type_column(ChangeType::Insert, n);
             stats.counts[ChangeType::Insert as usize] += n as u64;
             if let Err(e) = sink.write(change::with_metadata(&self.out_schema, projected.columns().to_vec(), types, commit)?).await {
                 failed = Some(e);

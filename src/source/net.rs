@@ -10,7 +10,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, StringArray, UInt32Array};
+use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
 use arrow_row::{RowConverter, Rows};
@@ -153,7 +153,7 @@ impl Netter {
         }
         let out_schema = {
             let mut f: Vec<Field> = self.data_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-            f.push(Field::new(crate::change::CHANGE_TYPE, DataType::Utf8, false));
+            f.push(Field::new(crate::change::CHANGE_TYPE, crate::change::CHANGE_TYPE_CODE, false));
             Arc::new(Schema::new(f))
         };
         let out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len() };
@@ -373,7 +373,7 @@ impl Output {
             let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(col).as_ref()).collect();
             cols.push(arrow_select::interleave::interleave(&arrays, &idx)?);
         }
-        cols.push(Arc::new(StringArray::from_iter_values(self.types.iter().map(|t| t.as_str()))) as ArrayRef);
+        cols.push(Arc::new(arrow_array::Int8Array::from_iter_values(self.types.iter().map(|t| t.code()))) as ArrayRef);
         self.picks.clear();
         self.types.clear();
         Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
@@ -448,9 +448,10 @@ mod tests {
         while let Some(b) = merge.next_batch().unwrap() {
             let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
             let v = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
-            let t = b.column(2).as_any().downcast_ref::<StringArray>().unwrap();
+            let t = b.column(2).as_any().downcast_ref::<arrow_array::Int8Array>().unwrap();
             for i in 0..b.num_rows() {
-                rows.push((id.value(i), v.value(i).to_string(), t.value(i).to_string()));
+                let name = ChangeType::from_code(t.value(i)).unwrap().as_str();
+                rows.push((id.value(i), v.value(i).to_string(), name.to_string()));
             }
         }
         (rows, merge.stats())

@@ -117,7 +117,7 @@ impl CommitWriter {
         let mut eq_rows = Vec::new();
         let mut data_rows = Vec::new();
         for i in 0..rows.num_rows() {
-            let t = ChangeType::parse(types.value(i)).ok_or_else(|| Error::Internal(format!("unknown change type {}", types.value(i))))?;
+            let t = ChangeType::from_code(types.value(i)).ok_or_else(|| Error::Internal(format!("unknown change type code {}", types.value(i))))?;
             match t {
                 ChangeType::Insert => self.stats.inserts += 1,
                 ChangeType::Delete => self.stats.deletes += 1,
