@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::output::{ChangeWriter, WriterSink};
 use crate::sink::iceberg::sink::IcebergSink;
 use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
-use crate::source::changelog::{self, ChangelogScan, ScanOptions, SnapshotStats};
+use crate::source::changelog::{self, ChangelogScan, DeleteCache, ScanOptions, SnapshotStats};
 use crate::spec::lineage::{self, Bound};
 
 #[derive(Debug, Default, Serialize)]
@@ -113,7 +113,16 @@ pub struct SyncSummary {
 pub struct SyncContext<'a> {
     pub source: &'a Catalog,
     pub target: &'a Catalog,
+    pub control: RunControl,
+}
+
+/// What a caller that runs syncs repeatedly (the service) hands each run.
+#[derive(Default, Clone)]
+pub struct RunControl {
+    /// A shutdown request: the run abandons its commit before the catalog call.
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Delete files read by earlier runs (kept across polls, bounded to what the source still references).
+    pub cache: Option<std::sync::Arc<DeleteCache>>,
 }
 
 /// One target commit, for progress display.
@@ -224,7 +233,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, on_c
     let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
     let source = Catalog::connect(&cfg.source.catalog, "source").await?;
     let target = Catalog::connect(&tcfg.catalog, "target").await?;
-    run_sync_on(cfg, &SyncContext { source: &source, target: &target, stop: None }, from, to, on_commit).await
+    run_sync_on(cfg, &SyncContext { source: &source, target: &target, control: RunControl::default() }, from, to, on_commit).await
 }
 
 /// [`run_sync`] on catalogs already connected: what `cdc sync` and every poll of the service run.
@@ -237,7 +246,7 @@ pub async fn run_sync_on(
 ) -> Result<SyncSummary> {
     let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
     let mut sink = IcebergSink::new(ctx.target, tcfg.clone());
-    let mut summary = run_once(cfg, ctx.source, &mut sink, from, to, ctx.stop.as_ref(), on_commit).await?;
+    let mut summary = run_once(cfg, ctx.source, &mut sink, from, to, &ctx.control, on_commit).await?;
     summary.target_table = tcfg.table.clone();
     Ok(summary)
 }
@@ -252,10 +261,11 @@ pub async fn run_once(
     sink: &mut dyn Sink,
     from: Option<Bound>,
     to: Option<Bound>,
-    stop: Option<&tokio::sync::watch::Receiver<bool>>,
+    control: &RunControl,
     mut on_commit: impl FnMut(&CommitReport),
 ) -> Result<SyncSummary> {
     let started = Instant::now();
+    let stop = control.stop.as_ref();
     let source = source_catalog.load_table(&cfg.source.table).await?;
     let smeta = source.metadata();
     let name = &cfg.source.table;
@@ -278,6 +288,9 @@ pub async fn run_once(
     let src = SyncSource { cfg, table: source.clone(), end };
     // One scan for the run: its delete cache serves every commit.
     let mut scan = ChangelogScan::new(&source, &src.schema_at(&src.end), key_ids, scan_options(cfg))?;
+    if let Some(cache) = &control.cache {
+        scan = scan.with_cache(cache.clone());
+    }
     let label = sink.label();
 
     let mut replans = 0u32;

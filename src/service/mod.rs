@@ -193,13 +193,15 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
     }
     let mut catalogs: Option<(Catalog, Catalog)> = None;
+    // delete files stay read across polls (bounded to what the source still references)
+    let cache = Arc::new(crate::source::changelog::DeleteCache::default());
     let mut failures = 0u32;
     let mut last_commit: Option<Instant> = None;
     loop {
         if *stop.borrow() {
             break;
         }
-        let polled = poll(&cfg, &run, &mut catalogs, &stop, &labels, &telemetry, &mut last_commit).await;
+        let polled = poll(&cfg, &run, &mut catalogs, &stop, &cache, &labels, &telemetry, &mut last_commit).await;
         let wait = match polled {
             Ok(()) => {
                 failures = 0;
@@ -231,11 +233,13 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
 }
 
 /// One poll: compare the source head with the target's recorded progress; apply what is new.
+#[allow(clippy::too_many_arguments)]
 async fn poll(
     cfg: &crate::config::Config,
     run: &Run,
     catalogs: &mut Option<(Catalog, Catalog)>,
     stop: &watch::Receiver<bool>,
+    cache: &Arc<crate::source::changelog::DeleteCache>,
     labels: &RunLabels,
     telemetry: &Telemetry,
     last_commit: &mut Option<Instant>,
@@ -265,7 +269,8 @@ async fn poll(
         telemetry.polled(labels, secs, n);
         return Ok(());
     }
-    let ctx = SyncContext { source: scat, target: tcat, stop: Some(stop.clone()) };
+    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
+    let ctx = SyncContext { source: scat, target: tcat, control };
     let summary = pipeline::run_sync_on(cfg, &ctx, None, None, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
     if !summary.target_snapshot_ids.is_empty() {

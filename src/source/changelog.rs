@@ -137,8 +137,11 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 }
 
 /// Deletes read once and shared by every snapshot that still has them.
+/// Delete files already read (position deletes, deletion vectors, equality-delete keys), shared by every snapshot
+/// that still references them. Bounded: each scanned snapshot drops what it no longer references. A service loop
+/// keeps one across polls ([`ChangelogScan::with_cache`]).
 #[derive(Default)]
-struct DeleteCache {
+pub struct DeleteCache {
     pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>>>,
     dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>>>,
     eq: Mutex<HashMap<(String, i32), Arc<EqDeletes>>>,
@@ -181,6 +184,12 @@ impl<'a> ChangelogScan<'a> {
     pub fn set_output(&mut self, output: &Schema) -> Result<()> {
         self.out_schema = change::change_schema(&output_arrow_schema(output)?);
         Ok(())
+    }
+
+    /// Uses `cache` (kept by the caller, e.g. across a service's polls) instead of a fresh one.
+    pub fn with_cache(mut self, cache: Arc<DeleteCache>) -> Self {
+        self.cache = cache;
+        self
     }
 
     pub fn output_schema(&self) -> SchemaRef {
