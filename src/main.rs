@@ -231,8 +231,27 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Sync { config, range, json } => {
             let cfg = Config::load(&config)?;
             let (from, to) = range.bounds()?;
+            // On a terminal, long runs show a progress bar (snapshots applied / planned); elsewhere, one line a commit.
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let bar = tty.then(|| {
+                let b = indicatif::ProgressBar::new(0);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} snapshots {msg}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                b
+            });
+            let (mut rows, mut bytes) = (0u64, 0u64);
             let summary = pipeline::run_sync(&cfg, from, to, |c| {
                 let s = &c.stats;
+                if let Some(b) = &bar {
+                    rows += s.inserts + s.deletes + s.updates;
+                    bytes += s.bytes;
+                    b.set_length(c.planned_snapshots as u64);
+                    b.set_position(c.done_snapshots as u64);
+                    b.set_message(format!("{rows} rows, {:.1} MB", bytes as f64 / 1e6));
+                    return;
+                }
                 eprintln!(
                     "cdc: source {}..{} ({} snapshot(s)) -> target snapshot {}: {} insert, {} delete, {} update; {} files, {:.1} MB",
                     c.first_source_snapshot,
@@ -246,7 +265,11 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     s.bytes as f64 / 1e6
                 );
             })
-            .await?;
+            .await;
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            let summary = summary?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             }

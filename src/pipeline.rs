@@ -133,6 +133,9 @@ pub struct CommitReport {
     pub source_snapshots: usize,
     pub target_snapshot_id: Option<i64>,
     pub stats: CommitStats,
+    /// Source snapshots the current plan covers, and how many of them are applied with this commit.
+    pub planned_snapshots: usize,
+    pub done_snapshots: usize,
 }
 
 /// Where a sync starts, decided from the target's recorded progress and the user's `--from`.
@@ -341,6 +344,8 @@ pub async fn run_once(
         };
         let mut pending: Vec<iceberg::spec::SnapshotRef> = Vec::new();
         let mut replan = false;
+        let planned: usize = chunks.iter().map(|c| c.snapshots.len()).sum();
+        let mut done = 0usize;
         for mut chunk in chunks {
             chunk.base = base;
             pending.extend(chunk.snapshots.iter().cloned());
@@ -365,7 +370,8 @@ pub async fn run_once(
             match sink.commit(&info, stop).await? {
                 Committed::Done { id, stats } => {
                     summary.bootstrap |= chunk.bootstrap;
-                    record(&mut summary, &pending, Some(id), stats, &mut on_commit);
+                    done += pending.len();
+                    record(&mut summary, &pending, Some(id), stats, (planned, done), &mut on_commit);
                     pending.clear();
                     base = Some(chunk.last().snapshot_id());
                 }
@@ -413,6 +419,7 @@ fn record(
     snaps: &[iceberg::spec::SnapshotRef],
     id: Option<i64>,
     stats: CommitStats,
+    (planned_snapshots, done_snapshots): (usize, usize),
     on_commit: &mut impl FnMut(&CommitReport),
 ) {
     summary.source_snapshots_applied += snaps.len();
@@ -428,5 +435,7 @@ fn record(
         source_snapshots: snaps.len(),
         target_snapshot_id: id,
         stats,
+        planned_snapshots,
+        done_snapshots,
     });
 }
