@@ -139,7 +139,8 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 /// Deletes read once and shared by every snapshot that still has them.
 /// Delete files already read (position deletes, deletion vectors, equality-delete keys), shared by every snapshot
 /// that still references them. Bounded: each scanned snapshot drops what it no longer references. A service loop
-/// keeps one across polls ([`ChangelogScan::with_cache`]).
+/// keeps one across polls ([`ChangelogScan::with_cache`]). Entries are immutable once inserted, so a panic elsewhere
+/// never leaves one half-written: a poisoned lock is taken over, not propagated.
 #[derive(Default)]
 pub struct DeleteCache {
     pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>>>,
@@ -150,9 +151,9 @@ pub struct DeleteCache {
 impl DeleteCache {
     /// Drops what the current snapshot no longer references (keeps memory proportional to live deletes).
     fn retain(&self, live: &HashSet<&str>) {
-        self.pos.lock().unwrap().retain(|k, _| live.contains(k.as_str()));
-        self.dv.lock().unwrap().retain(|k, _| live.contains(k.0.as_str()));
-        self.eq.lock().unwrap().retain(|k, _| live.contains(k.0.as_str()));
+        self.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.as_str()));
+        self.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.0.as_str()));
+        self.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.0.as_str()));
     }
 }
 
@@ -648,24 +649,24 @@ async fn load_state(
         match d.file.content_type() {
             DataContentType::PositionDeletes if d.is_dv() => {
                 let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
-                let cached = cache.dv.lock().unwrap().get(&key).cloned();
+                let cached = cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
                 let bm = match cached {
                     Some(b) => b,
                     None => {
                         let b = Arc::new(reader::read_dv(file_io, d).await?);
-                        cache.dv.lock().unwrap().insert(key, b.clone());
+                        cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, b.clone());
                         b
                     }
                 };
                 st.positions |= bm.as_ref();
             }
             DataContentType::PositionDeletes => {
-                let cached = cache.pos.lock().unwrap().get(d.path()).cloned();
+                let cached = cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(d.path()).cloned();
                 let m = match cached {
                     Some(m) => m,
                     None => {
                         let m = Arc::new(reader::read_position_deletes(file_io, d.path()).await?);
-                        cache.pos.lock().unwrap().insert(d.path().to_string(), m.clone());
+                        cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(d.path().to_string(), m.clone());
                         m
                     }
                 };
@@ -676,12 +677,12 @@ async fn load_state(
             DataContentType::EqualityDeletes => {
                 // keys are encoded with the reading schema's types
                 let key = (d.path().to_string(), schema_id);
-                let cached = cache.eq.lock().unwrap().get(&key).cloned();
+                let cached = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
                 let e = match cached {
                     Some(e) => e,
                     None => {
                         let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
-                        cache.eq.lock().unwrap().insert(key, e.clone());
+                        cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, e.clone());
                         e
                     }
                 };

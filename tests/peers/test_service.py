@@ -2,6 +2,7 @@
 merge-on-read v2 (position deletes), merge-on-read v3 (deletion vectors), one of them adding a column mid-stream —
 replicating into hadoop, sqlite and REST-catalog targets with a 1 s poll. After the writers stop, every target read
 by Spark equals its source within a few polls, and /metrics shows lag 0 for every pipeline."""
+import json
 import os
 import signal
 import socket
@@ -112,6 +113,25 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
             assert metric(body, "cdc_replication_lag_seconds", name) == 0, body
             assert metric(body, "cdc_commits_total", name) >= 2, body
         assert "target schema follows the source" in (tmp_path / "service.log").read_text()
+        # row counts match the changes: the first commit copied the source at some snapshot, the rest applied the
+        # changes after it (INSERT + UPDATE_AFTER + DELETE rows of `cdc changes` over that range)
+        name = "live_cow_v2"
+        target_cfg = tmp_path / "target-as-source.toml"
+        target_cfg.write_text(f'[source]\ntable = "svc.{name}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{replica}"\n')
+        summaries = [json.loads(l)["summary"] for l in subprocess.run([CDC, "snapshots", "--config", str(target_cfg), "--json"], capture_output=True, text=True, check=True).stdout.splitlines() if l.strip()]
+        copied_at = summaries[0]["cdc.source-snapshot-id"]
+        copied = int(summaries[0]["added-records"])
+        src_cfg = tmp_path / "source.toml"
+        src_cfg.write_text(f'[source]\ntable = "db.{name}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n')
+        changes = [json.loads(l) for l in subprocess.run([CDC, "changes", "--config", str(src_cfg), "--from-snapshot", copied_at], capture_output=True, text=True, check=True).stdout.splitlines() if l.strip()]
+        count = lambda t: sum(1 for c in changes if c["_change_type"] == t)
+        assert metric(body, 'cdc_rows_total', name) is not None
+        counted = {t: None for t in ("INSERT", "DELETE", "UPDATE")}
+        for line in body.splitlines():
+            if line.startswith("cdc_rows_total{") and f'pipeline="{name}"' in line:
+                counted[line.split('change_type="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        want = {"INSERT": copied + count("INSERT"), "DELETE": count("DELETE"), "UPDATE": count("UPDATE_AFTER")}
+        assert counted == want, (counted, want)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
