@@ -230,22 +230,47 @@ pub(crate) const TARGET_KEYS: &[&str] = &[
 ];
 pub(crate) const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];
 
+/// Parse → validate for a TOML configuration: `${ENV}` expanded, every unknown key listed (serde stops at the first
+/// one), then the typed parse, then every problem `validate` finds.
+pub(crate) fn parse_checked<T: serde::de::DeserializeOwned>(
+    text: &str,
+    unknown_keys: fn(&toml::Value) -> Vec<String>,
+    validate: fn(&T) -> Vec<String>,
+) -> Result<T> {
+    let text = expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
+    if let Ok(value) = toml::from_str::<toml::Value>(&text) {
+        let unknown = unknown_keys(&value);
+        if !unknown.is_empty() {
+            return Err(Error::Config(unknown));
+        }
+    }
+    let cfg: T = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
+    let problems = validate(&cfg);
+    if problems.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(Error::Config(problems))
+    }
+}
+
+/// Appends to `out` every key of the table `v` (at `section`) that is not in `known`.
+pub(crate) fn unknown_in(section: &str, v: Option<&toml::Value>, known: &[&str], out: &mut Vec<String>) {
+    let Some(table) = v.and_then(toml::Value::as_table) else { return };
+    for k in table.keys() {
+        if !known.contains(&k.as_str()) {
+            let at = if section.is_empty() { k.clone() } else { format!("{section}.{k}") };
+            out.push(format!("unknown key `{at}` (expected one of: {})", known.join(", ")));
+        }
+    }
+}
+
 /// Every key no section takes, with the section and the keys it does take.
 fn unknown_keys(value: &toml::Value) -> Vec<String> {
     let mut out = Vec::new();
-    let mut check = |section: &str, v: Option<&toml::Value>, known: &[&str]| {
-        let Some(table) = v.and_then(toml::Value::as_table) else { return };
-        for k in table.keys() {
-            if !known.contains(&k.as_str()) {
-                let at = if section.is_empty() { k.clone() } else { format!("{section}.{k}") };
-                out.push(format!("unknown key `{at}` (expected one of: {})", known.join(", ")));
-            }
-        }
-    };
-    check("", Some(value), TOP_KEYS);
-    check("source", value.get("source"), SOURCE_KEYS);
-    check("target", value.get("target"), TARGET_KEYS);
-    check("engine", value.get("engine"), ENGINE_KEYS);
+    unknown_in("", Some(value), TOP_KEYS, &mut out);
+    unknown_in("source", value.get("source"), SOURCE_KEYS, &mut out);
+    unknown_in("target", value.get("target"), TARGET_KEYS, &mut out);
+    unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
     out
 }
 
@@ -256,21 +281,7 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config> {
-        let text = expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
-        // serde stops at the first unknown key; list them all first.
-        if let Ok(value) = toml::from_str::<toml::Value>(&text) {
-            let unknown = unknown_keys(&value);
-            if !unknown.is_empty() {
-                return Err(Error::Config(unknown));
-            }
-        }
-        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
-        let problems = cfg.validate();
-        if problems.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(Error::Config(problems))
-        }
+        parse_checked(text, unknown_keys, Config::validate)
     }
 
     /// Pure checks; returns every problem found.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{CatalogConfig, Config, EngineConfig, SourceConfig, TargetConfig, ENGINE_KEYS, TARGET_KEYS};
+use crate::config::{unknown_in, CatalogConfig, Config, EngineConfig, SourceConfig, TargetConfig, ENGINE_KEYS, TARGET_KEYS};
 use crate::error::{Error, Result};
 
 /// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
@@ -130,20 +130,7 @@ impl ServiceConfig {
     }
 
     pub fn parse(text: &str) -> Result<ServiceConfig> {
-        let text = crate::config::expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
-        if let Ok(value) = toml::from_str::<toml::Value>(&text) {
-            let unknown = unknown_keys(&value);
-            if !unknown.is_empty() {
-                return Err(Error::Config(unknown));
-            }
-        }
-        let cfg: ServiceConfig = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
-        let problems = cfg.validate();
-        if problems.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(Error::Config(problems))
-        }
+        crate::config::parse_checked(text, unknown_keys, ServiceConfig::validate)
     }
 
     /// Pure checks; every problem in the file.
@@ -236,24 +223,15 @@ const PIPELINE_SOURCE_KEYS: &[&str] = &["catalog", "table", "key_columns"];
 /// Every key no section takes (catalog sections pass unknown keys on as catalog properties).
 fn unknown_keys(value: &toml::Value) -> Vec<String> {
     let mut out = Vec::new();
-    let mut check = |at: &str, v: Option<&toml::Value>, known: &[&str]| {
-        let Some(table) = v.and_then(toml::Value::as_table) else { return };
-        for k in table.keys() {
-            if !known.contains(&k.as_str()) {
-                let key = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
-                out.push(format!("unknown key `{key}` (expected one of: {})", known.join(", ")));
-            }
-        }
-    };
-    check("", Some(value), TOP_KEYS);
-    check("service", value.get("service"), SERVICE_KEYS);
-    check("engine", value.get("engine"), ENGINE_KEYS);
+    unknown_in("", Some(value), TOP_KEYS, &mut out);
+    unknown_in("service", value.get("service"), SERVICE_KEYS, &mut out);
+    unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
     let sink_keys: Vec<&str> = TARGET_KEYS.iter().copied().chain(["type"]).collect();
     for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
-        check(&format!("pipelines[{i}]"), Some(pl), PIPELINE_KEYS);
-        check(&format!("pipelines[{i}].source"), pl.get("source"), PIPELINE_SOURCE_KEYS);
+        unknown_in(&format!("pipelines[{i}]"), Some(pl), PIPELINE_KEYS, &mut out);
+        unknown_in(&format!("pipelines[{i}].source"), pl.get("source"), PIPELINE_SOURCE_KEYS, &mut out);
         for (j, s) in pl.get("sinks").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
-            check(&format!("pipelines[{i}].sinks[{j}]"), Some(s), &sink_keys);
+            unknown_in(&format!("pipelines[{i}].sinks[{j}]"), Some(s), &sink_keys, &mut out);
         }
     }
     out
