@@ -50,6 +50,12 @@ impl HadoopCatalog {
         }
     }
 
+    /// The current metadata file of a table, without reading it (None: no such table).
+    pub fn metadata_location(&self, ident: &TableIdent) -> Option<String> {
+        let meta_dir = self.table_dir(ident).join("metadata");
+        Self::current_version(&meta_dir).map(|v| meta_dir.join(format!("v{v}.metadata.json")).display().to_string())
+    }
+
     pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
         let meta_dir = self.table_dir(ident).join("metadata");
         let not_found = || Error::TableNotFound { catalog: format!("hadoop:{}", self.warehouse.display()), table: ident.to_string() };

@@ -112,6 +112,28 @@ impl Catalog {
         res.map_err(|e| self.map_load_error(name, e))
     }
 
+    /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
+    /// a directory listing; sql: one row), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
+    /// catalog cannot tell cheaply (REST), or the table does not exist.
+    pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
+        let ident = Self::ident(name)?;
+        match self {
+            Catalog::Hadoop(h) => Ok(h.metadata_location(&ident)),
+            Catalog::Sql { pool, name: catalog, .. } => {
+                let row: Option<(Option<String>,)> =
+                    sqlx::query_as("SELECT metadata_location FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?")
+                        .bind(catalog)
+                        .bind(ident.namespace().join("."))
+                        .bind(ident.name())
+                        .fetch_optional(pool)
+                        .await
+                        .map_err(|e| Error::catalog("sql", e, true))?;
+                Ok(row.and_then(|r| r.0))
+            }
+            Catalog::Rest(..) => Ok(None),
+        }
+    }
+
     fn label(&self) -> &'static str {
         match self {
             Catalog::Hadoop(_) => "hadoop",

@@ -197,11 +197,13 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
     let cache = Arc::new(crate::source::changelog::DeleteCache::default());
     let mut failures = 0u32;
     let mut last_commit: Option<Instant> = None;
+    // metadata locations (source, target) of the last poll that found the target caught up
+    let mut idle: Option<(String, String)> = None;
     loop {
         if *stop.borrow() {
             break;
         }
-        let polled = poll(&cfg, &run, &mut catalogs, &stop, &cache, &labels, &telemetry, &mut last_commit).await;
+        let polled = poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await;
         let wait = match polled {
             Ok(()) => {
                 failures = 0;
@@ -240,6 +242,7 @@ async fn poll(
     catalogs: &mut Option<(Catalog, Catalog)>,
     stop: &watch::Receiver<bool>,
     cache: &Arc<crate::source::changelog::DeleteCache>,
+    idle: &mut Option<(String, String)>,
     labels: &RunLabels,
     telemetry: &Telemetry,
     last_commit: &mut Option<Instant>,
@@ -251,6 +254,15 @@ async fn poll(
         *catalogs = Some((s, t));
     }
     let (scat, tcat) = catalogs.as_ref().expect("just connected");
+    // Nothing moved since a poll that found the target caught up: skip loading any metadata.
+    let locations = (scat.cheap_metadata_location(&cfg.source.table).await?, tcat.cheap_metadata_location(&tcfg.table).await?);
+    if let (Some(s), Some(t)) = &locations {
+        if idle.as_ref().is_some_and(|(ls, lt)| ls == s && lt == t) {
+            telemetry.polled(labels, 0.0, 0);
+            return Ok(());
+        }
+    }
+    *idle = None;
     let source = scat.load_table(&cfg.source.table).await?;
     let meta = source.metadata();
     let recorded = match tcat.load_table(&tcfg.table).await {
@@ -267,6 +279,11 @@ async fn poll(
     if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
         let (secs, n) = lag(&pending);
         telemetry.polled(labels, secs, n);
+        if pending.is_empty() {
+            if let (Some(s), Some(t)) = locations {
+                *idle = Some((s, t));
+            }
+        }
         return Ok(());
     }
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
