@@ -55,6 +55,9 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// of dropping them from the target too.
     #[serde(default)]
     pub keep_dropped_columns: bool,
+    /// Evolve the target's partition spec when the source's evolves (default: the target keeps its own).
+    #[serde(default)]
+    pub follow_partition_spec: bool,
     pub catalog: C,
 }
 
@@ -71,6 +74,7 @@ impl<C> TargetConfig<C> {
             retry_backoff: self.retry_backoff,
             target_file_size: self.target_file_size,
             keep_dropped_columns: self.keep_dropped_columns,
+            follow_partition_spec: self.follow_partition_spec,
             catalog,
         }
     }
@@ -226,6 +230,7 @@ pub(crate) const TARGET_KEYS: &[&str] = &[
     "retry_backoff",
     "target_file_size",
     "keep_dropped_columns",
+    "follow_partition_spec",
     "catalog",
 ];
 pub(crate) const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];

@@ -61,6 +61,16 @@ pub struct WriterSpec<'a> {
     pub bootstrap: bool,
     /// The commit covers several source snapshots, so a key may change twice in it.
     pub multi_snapshot: bool,
+    /// The partition spec equality deletes are written in: the default one, or the unpartitioned spec (global
+    /// deletes) once the table holds data of more than one spec.
+    pub delete_spec: iceberg::spec::PartitionSpecRef,
+}
+
+/// The files of one commit: data files, and delete files with the partition spec each was written in.
+pub struct CommitFiles {
+    pub data: Vec<DataFile>,
+    pub deletes: Vec<(i32, DataFile)>,
+    pub stats: CommitStats,
 }
 
 impl CommitWriter {
@@ -80,11 +90,11 @@ impl CommitWriter {
         let size = spec.target_file_size as usize;
         Ok(CommitWriter {
             table: table.clone(),
-            data: PartitionedWriter::new(table, &schema, Content::Data, size)?,
+            data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size)?,
             eq: if spec.bootstrap {
                 None
             } else {
-                Some(PartitionedWriter::new(table, &schema, Content::EqualityDeletes(spec.equality_ids.clone()), size)?)
+                Some(PartitionedWriter::new(table, &schema, &spec.delete_spec, Content::EqualityDeletes(spec.equality_ids.clone()), size)?)
             },
             schema,
             arrow,
@@ -187,7 +197,7 @@ impl CommitWriter {
 
     /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors). On a
     /// failure the files written so far are removed.
-    pub async fn finish(self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
+    pub async fn finish(self) -> Result<CommitFiles> {
         let io = self.table.file_io().clone();
         let mut opened = self.data.opened().to_vec();
         if let Some(eq) = &self.eq {
@@ -204,19 +214,23 @@ impl CommitWriter {
         }
     }
 
-    async fn finish_files(mut self) -> Result<(Vec<DataFile>, Vec<DataFile>, CommitStats)> {
+    async fn finish_files(mut self) -> Result<CommitFiles> {
         self.positions.retain(|_, (bm, _)| !bm.is_empty());
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
+        let default_spec = self.table.metadata().default_partition_spec_id();
         let CommitWriter { data, eq, mut stats, .. } = self;
         let data = data.finish().await?;
-        let mut dels = match eq {
-            Some(eq) => eq.finish().await?,
+        let mut deletes: Vec<(i32, DataFile)> = match eq {
+            Some(eq) => {
+                let spec = eq.spec_id();
+                eq.finish().await?.into_iter().map(|f| (spec, f)).collect()
+            }
             None => Vec::new(),
         };
-        dels.extend(positional);
-        stats.files = data.len() + dels.len();
-        stats.bytes = data.iter().chain(&dels).map(|f| f.file_size_in_bytes()).sum();
-        Ok((data, dels, stats))
+        deletes.extend(positional.into_iter().map(|f| (default_spec, f)));
+        stats.files = data.len() + deletes.len();
+        stats.bytes = data.iter().chain(deletes.iter().map(|(_, f)| f)).map(|f| f.file_size_in_bytes()).sum();
+        Ok(CommitFiles { data, deletes, stats })
     }
 
     async fn position_delete_files(&mut self) -> Result<Vec<DataFile>> {

@@ -60,11 +60,12 @@ pub struct PartitionedWriter {
 }
 
 impl PartitionedWriter {
-    /// Files of `table` written in `table_schema` (the table's current schema, or the one the commit adds).
-    pub fn new(table: &Table, table_schema: &SchemaRef, content: Content, target_size: usize) -> Result<Self> {
+    /// Files of `table` written in `table_schema` (the table's current schema, or the one the commit adds) and
+    /// partitioned by `spec` (one of the table's specs).
+    pub fn new(table: &Table, table_schema: &SchemaRef, spec: &PartitionSpecRef, content: Content, target_size: usize) -> Result<Self> {
         let meta = table.metadata();
         let table_schema = table_schema.clone();
-        let spec = meta.default_partition_spec().clone();
+        let spec = spec.clone();
         let (file_schema, projection) = match &content {
             Content::Data => (table_schema.clone(), None),
             Content::EqualityDeletes(ids) => {
@@ -174,6 +175,11 @@ impl PartitionedWriter {
         Ok(())
     }
 
+    /// The partition spec the files are written in.
+    pub fn spec_id(&self) -> i32 {
+        self.spec.spec_id()
+    }
+
     /// Every file this writer created, finished or not.
     pub fn opened(&self) -> &[String] {
         &self.opened
@@ -191,7 +197,13 @@ impl PartitionedWriter {
 
 /// Writes `batches` (in the table's current schema) as data files.
 pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    let mut w = PartitionedWriter::new(table, table.metadata().current_schema(), Content::Data, DEFAULT_TARGET_FILE_SIZE)?;
+    let mut w = PartitionedWriter::new(
+        table,
+        table.metadata().current_schema(),
+        table.metadata().default_partition_spec(),
+        Content::Data,
+        DEFAULT_TARGET_FILE_SIZE,
+    )?;
     for b in batches {
         w.write(b).await?;
     }
@@ -200,7 +212,13 @@ pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<Da
 
 /// Writes equality deletes on `equality_ids` from `batches` (full rows in the current schema).
 pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batches: &[RecordBatch]) -> Result<Vec<DataFile>> {
-    let mut w = PartitionedWriter::new(table, table.metadata().current_schema(), Content::EqualityDeletes(equality_ids), DEFAULT_TARGET_FILE_SIZE)?;
+    let mut w = PartitionedWriter::new(
+        table,
+        table.metadata().current_schema(),
+        table.metadata().default_partition_spec(),
+        Content::EqualityDeletes(equality_ids),
+        DEFAULT_TARGET_FILE_SIZE,
+    )?;
     for b in batches {
         w.write(b).await?;
     }

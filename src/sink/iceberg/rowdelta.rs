@@ -28,7 +28,8 @@ const TOTALS: [(&str, &str); 6] = [
 #[derive(Default)]
 pub struct RowDelta {
     data: Vec<DataFile>,
-    deletes: Vec<DataFile>,
+    /// Delete files with the partition spec they were written in (`None`: the table's default spec).
+    deletes: Vec<(Option<i32>, DataFile)>,
     properties: HashMap<String, String>,
     schema: Option<Schema>,
     table_properties: HashMap<String, String>,
@@ -50,7 +51,13 @@ impl RowDelta {
         self
     }
     pub fn add_delete_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
-        self.deletes.extend(files);
+        self.deletes.extend(files.into_iter().map(|f| (None, f)));
+        self
+    }
+    /// Delete files written in partition spec `spec_id` rather than the default one (e.g. global equality deletes
+    /// in the unpartitioned spec of a table whose spec evolved).
+    pub fn add_delete_files_in_spec(mut self, spec_id: i32, files: impl IntoIterator<Item = DataFile>) -> Self {
+        self.deletes.extend(files.into_iter().map(|f| (Some(spec_id), f)));
         self
     }
     /// Custom snapshot summary entries (how writers record progress).
@@ -77,7 +84,7 @@ impl RowDelta {
         if self.data.iter().any(|f| f.content_type() != DataContentType::Data) {
             return Err(Error::Internal("add_data_files got a delete file".into()));
         }
-        if self.deletes.iter().any(|f| f.content_type() == DataContentType::Data) {
+        if self.deletes.iter().any(|(_, f)| f.content_type() == DataContentType::Data) {
             return Err(Error::Internal("add_delete_files got a data file".into()));
         }
         let version = meta.format_version();
@@ -85,7 +92,7 @@ impl RowDelta {
             return Err(Error::Schema("format v1 tables cannot hold delete files; upgrade the table to v2".into()));
         }
         if version == FormatVersion::V3
-            && self.deletes.iter().any(|f| f.content_type() == DataContentType::PositionDeletes && f.content_offset().is_none())
+            && self.deletes.iter().any(|(_, f)| f.content_type() == DataContentType::PositionDeletes && f.content_offset().is_none())
         {
             return Err(Error::Internal("v3 tables take deletion vectors, not position-delete files".into()));
         }
@@ -100,20 +107,29 @@ impl RowDelta {
             }
             None => (meta.current_schema().clone(), meta.current_schema_id()),
         };
-        let spec = meta.default_partition_spec().as_ref().clone();
 
         let mut manifests: Vec<ManifestFile> = match parent {
             Some(p) => table.manifest_list_reader(p).load().await?.consume_entries().into_iter().collect(),
             None => Vec::new(),
         };
         let mut collector = SnapshotSummaryCollector::default();
-        for (n, (content, files)) in [(ManifestContentType::Data, &self.data), (ManifestContentType::Deletes, &self.deletes)].into_iter().enumerate()
-        {
-            if files.is_empty() {
-                continue;
-            }
+        // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
+        // evolved writes equality deletes with its unpartitioned spec, data with the default one).
+        let default_spec = meta.default_partition_spec_id();
+        let mut groups: std::collections::BTreeMap<(u8, i32), (ManifestContentType, Vec<&DataFile>)> = std::collections::BTreeMap::new();
+        for f in &self.data {
+            groups.entry((0, default_spec)).or_insert_with(|| (ManifestContentType::Data, Vec::new())).1.push(f);
+        }
+        for (spec, f) in &self.deletes {
+            groups.entry((1, spec.unwrap_or(default_spec))).or_insert_with(|| (ManifestContentType::Deletes, Vec::new())).1.push(f);
+        }
+        for (n, ((_, spec_id), (content, files))) in groups.into_iter().enumerate() {
+            let spec = meta
+                .partition_spec_by_id(spec_id)
+                .cloned()
+                .ok_or_else(|| Error::Internal(format!("a file names partition spec {spec_id}, which the table does not have")))?;
             let path = format!("{}/metadata/{commit_uuid}-m{n}.avro", meta.location());
-            let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.clone());
+            let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
             let mut w = match (version, content) {
                 (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
                 (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
@@ -122,7 +138,7 @@ impl RowDelta {
                 (FormatVersion::V1, _) => builder.build_v1(),
             };
             for f in files {
-                collector.add_file(f, schema.clone(), meta.default_partition_spec().clone());
+                collector.add_file(f, schema.clone(), spec.clone());
                 w.add_file(f.clone(), seq)?;
             }
             // New manifests first: readers find this snapshot's files without scanning old ones.
@@ -166,8 +182,9 @@ impl RowDelta {
         let mut requirements = vec![
             TableRequirement::UuidMatch { uuid: meta.uuid() },
             TableRequirement::RefSnapshotIdMatch { r#ref: MAIN_BRANCH.to_string(), snapshot_id: parent_id },
-            // the files are written in a schema planned from this one
+            // the files are written in a schema and a partition spec planned from these
             TableRequirement::CurrentSchemaIdMatch { current_schema_id: meta.current_schema_id() },
+            TableRequirement::DefaultSpecIdMatch { default_spec_id: meta.default_partition_spec_id() },
         ];
         let mut updates = Vec::new();
         if let Some(s) = self.schema {

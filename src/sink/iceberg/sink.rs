@@ -13,13 +13,14 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use iceberg::spec::{DataFile, SchemaRef};
+use iceberg::spec::{DataFile, SchemaRef, UnboundPartitionSpec};
 use iceberg::table::Table;
+use iceberg::{TableRequirement, TableUpdate};
 
 use crate::catalog::Catalog;
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
-use crate::sink::iceberg::apply::{CommitWriter, WriterSpec};
+use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{progress, target};
@@ -48,6 +49,7 @@ struct Open {
     must_commit: bool,
     started: Instant,
     planned_schema_id: i32,
+    planned_spec_id: i32,
 }
 
 impl<'c> IcebergSink<'c> {
@@ -59,7 +61,88 @@ impl<'c> IcebergSink<'c> {
         self.table.as_ref().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))
     }
 
+    /// Brings the target's partition specs where this commit needs them, before any file is written (a spec with no
+    /// data yet is invisible to readers, so these metadata-only commits need not share the row delta's commit):
+    /// - `follow_partition_spec`: the source's default spec (by target field ids) becomes the target's default;
+    /// - once the target has more than one spec, equality deletes must reach rows of every spec, and a partitioned
+    ///   equality delete only applies to files of its own spec: they are written global, in an unpartitioned spec,
+    ///   which is added when missing.
+    async fn align_specs(&mut self, source: &SourceInfo) -> Result<()> {
+        for attempt in 0..self.cfg.commit_retries.max(1) {
+            let table = self.table()?.clone();
+            let meta = table.metadata();
+            let schema = meta.current_schema();
+            let mut updates = Vec::new();
+            if self.cfg.follow_partition_spec {
+                let src_spec = source.metadata.default_partition_spec();
+                // columns the target does not have yet (added by this very commit) join the spec with the next one
+                let wanted: Vec<(i32, iceberg::spec::Transform, String)> = src_spec
+                    .fields()
+                    .iter()
+                    .filter_map(|f| {
+                        self.map.target_of(f.source_id).filter(|id| schema.field_by_id(*id).is_some()).map(|id| (id, f.transform, f.name.clone()))
+                    })
+                    .collect();
+                let have: Vec<(i32, iceberg::spec::Transform, String)> =
+                    meta.default_partition_spec().fields().iter().map(|f| (f.source_id, f.transform, f.name.clone())).collect();
+                if wanted != have {
+                    let mut b = UnboundPartitionSpec::builder();
+                    for (id, transform, name) in &wanted {
+                        b = b.add_partition_field(*id, name, *transform)?;
+                    }
+                    tracing::info!(table = %self.cfg.table, "the target's partition spec follows the source's");
+                    updates.push(TableUpdate::AddSpec { spec: b.build() });
+                    updates.push(TableUpdate::SetDefaultSpec { spec_id: -1 });
+                }
+            }
+            let specs_after = meta.partition_specs_iter().len() + usize::from(!updates.is_empty());
+            let has_unpartitioned = meta.partition_specs_iter().any(|s| s.is_unpartitioned());
+            if specs_after > 1 && !has_unpartitioned {
+                updates.push(TableUpdate::AddSpec { spec: UnboundPartitionSpec::builder().build() });
+                if updates.len() == 1 {
+                    // keep the default spec (the added one is only for global equality deletes)
+                } else {
+                    // AddSpec(new default), SetDefaultSpec(-1), AddSpec(unpartitioned): the last added must not become default
+                    let unpartitioned = updates.pop().expect("just pushed");
+                    updates.insert(0, unpartitioned);
+                }
+            }
+            if updates.is_empty() {
+                return Ok(());
+            }
+            let requirements = vec![
+                TableRequirement::UuidMatch { uuid: meta.uuid() },
+                TableRequirement::DefaultSpecIdMatch { default_spec_id: meta.default_partition_spec_id() },
+            ];
+            match self.catalog.commit(&table, requirements, updates).await {
+                Ok(t) => {
+                    self.table = Some(t);
+                    return Ok(());
+                }
+                Err(e) if e.is_retryable() && attempt + 1 < self.cfg.commit_retries => {
+                    self.retries += 1;
+                    tokio::time::sleep(self.cfg.retry_backoff).await;
+                    self.table = Some(self.catalog.load_table(&self.cfg.table).await?);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The spec equality deletes are written in: global (unpartitioned) once the target has several specs.
+    fn delete_spec(table: &Table) -> iceberg::spec::PartitionSpecRef {
+        let meta = table.metadata();
+        if meta.partition_specs_iter().len() > 1 {
+            if let Some(s) = meta.partition_specs_iter().find(|s| s.is_unpartitioned()) {
+                return s.clone();
+            }
+        }
+        meta.default_partition_spec().clone()
+    }
+
     async fn do_begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {
+        self.align_specs(source).await?;
         let table = self.table()?;
         let tmeta = table.metadata();
         let last = chunk.last();
@@ -95,11 +178,13 @@ impl<'c> IcebergSink<'c> {
             target_file_size: self.cfg.target_file_size,
             bootstrap: chunk.bootstrap,
             multi_snapshot: chunk.snapshots.len() > 1,
+            delete_spec: Self::delete_spec(table),
         };
         let writer = CommitWriter::new(table, spec)?;
         self.open = Some(Open {
             writer,
             planned_schema_id: tmeta.current_schema_id(),
+            planned_spec_id: tmeta.default_partition_spec_id(),
             evolution,
             last_snapshot_id: last.snapshot_id(),
             last_sequence_number: last.sequence_number(),
@@ -112,14 +197,14 @@ impl<'c> IcebergSink<'c> {
 
     async fn do_commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
         let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
-        let (data, dels, stats) = open.writer.finish().await?;
+        let CommitFiles { data, deletes: dels, stats } = open.writer.finish().await?;
         let mut target = self.table.clone().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))?;
         let evo = open.evolution;
         let map_recorded = FieldMap::read(target.metadata(), &source.uuid).ok().flatten().as_ref() == Some(&evo.map);
         if data.is_empty() && dels.is_empty() && !evo.changed && map_recorded && !open.must_commit {
             return Ok(Committed::Empty);
         }
-        let files: Vec<String> = data.iter().chain(&dels).map(|f| f.file_path().to_string()).collect();
+        let files: Vec<String> = data.iter().chain(dels.iter().map(|(_, f)| f)).map(|f| f.file_path().to_string()).collect();
         let props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
         let mut attempt = 0u32;
@@ -148,8 +233,10 @@ impl<'c> IcebergSink<'c> {
                     target = self.catalog.load_table(&self.cfg.table).await?;
                     self.table = Some(target.clone());
                     let now = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
-                    if now != open.base || target.metadata().current_schema_id() != open.planned_schema_id {
-                        tracing::warn!(planned_from = ?open.base, recorded = ?now, "another writer moved the target's progress or schema; discarding this commit's files");
+                    let moved = target.metadata().current_schema_id() != open.planned_schema_id
+                        || target.metadata().default_partition_spec_id() != open.planned_spec_id;
+                    if now != open.base || moved {
+                        tracing::warn!(planned_from = ?open.base, recorded = ?now, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
                         delete_files(&target, files).await;
                         return Ok(Committed::Replan);
                     }
@@ -166,16 +253,16 @@ impl<'c> IcebergSink<'c> {
 
 fn row_delta(
     data: &[DataFile],
-    dels: &[DataFile],
+    dels: &[(i32, DataFile)],
     props: &HashMap<String, String>,
     table_props: &HashMap<String, String>,
     evo: &Evolution,
 ) -> RowDelta {
-    let delta = RowDelta::new()
-        .add_data_files(data.iter().cloned())
-        .add_delete_files(dels.iter().cloned())
-        .set_snapshot_properties(props.clone())
-        .set_table_properties(table_props.clone());
+    let mut delta =
+        RowDelta::new().add_data_files(data.iter().cloned()).set_snapshot_properties(props.clone()).set_table_properties(table_props.clone());
+    for (spec, f) in dels {
+        delta = delta.add_delete_files_in_spec(*spec, [f.clone()]);
+    }
     if evo.changed {
         delta.set_schema(evo.schema.clone())
     } else {
