@@ -386,9 +386,13 @@ fn progress_history(target_wh: &Path, table: &str) -> Vec<i64> {
         .collect()
 }
 
-/// The sequence numbers of `ids` in the source, to check that recorded progress never goes backwards.
-fn sequence_of(table: &Table, ids: &[i64]) -> Vec<i64> {
-    ids.iter().map(|id| table.metadata().snapshot_by_id(*id).unwrap().sequence_number()).collect()
+/// The progress the hadoop target `table` recorded along its history, asserted strictly increasing in `source`'s
+/// sequence numbers: every range applied once, progress never backwards. Returns it, oldest first.
+fn assert_applied_once(target_wh: &Path, table: &str, source: &Table, context: &str) -> Vec<i64> {
+    let history = progress_history(target_wh, table);
+    let seqs: Vec<i64> = history.iter().map(|id| source.metadata().snapshot_by_id(*id).unwrap().sequence_number()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{context}: a range was applied twice or progress went backwards: {history:?}");
+    history
 }
 
 async fn assert_target_equals_source(cfg: &Path, table: &Table, target: &str) {
@@ -441,11 +445,9 @@ async fn a_paused_applier_replans_instead_of_reapplying() {
     std::fs::write(pause.join("resume"), b"").unwrap();
     let out = paused.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let history = progress_history(&tw, "replica.paused");
+    let history = assert_applied_once(&tw, "replica.paused", &t, "paused applier");
     let last: i64 = ids.last().unwrap().parse().unwrap();
     assert_eq!(*history.last().unwrap(), last, "progress ends at the newest source snapshot: {history:?}");
-    let seqs = sequence_of(&t, &history);
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "progress must only move forward, each range once: {history:?}");
     assert_target_equals_source(&cfg, &t, "replica.paused").await;
 }
 
@@ -493,9 +495,7 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
                 assert!(out.status.success(), "{kind} trial {trial}: {}", String::from_utf8_lossy(&out.stderr));
             }
             if kind == "hadoop" {
-                let history = progress_history(&tw, "replica.race");
-                let seqs = sequence_of(&t, &history);
-                assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{kind} trial {trial}: progress went backwards or repeated: {history:?}");
+                assert_applied_once(&tw, "replica.race", &t, &format!("{kind} trial {trial}"));
             }
             assert_target_equals_source(&cfg, &t, "replica.race").await;
         }
@@ -951,9 +951,7 @@ async fn service_survives_sigkill_mid_stream() {
     signal(&child, libc::SIGTERM);
     child.wait().unwrap();
     assert!(ok, "the target did not catch up after the kills");
-    let history = progress_history(&tw, "replica.orders");
-    let seqs = sequence_of(&t, &history);
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "progress repeated or went backwards: {history:?}");
+    assert_applied_once(&tw, "replica.orders", &t, "after the kills");
 }
 
 /// The systemd unit passes `systemd-analyze verify` (with the binary built here in place of /usr/local/bin/cdc).
@@ -1019,9 +1017,7 @@ async fn two_services_on_one_pipeline_apply_each_range_once() {
     let logs = std::fs::read_to_string(dir.path().join("a.log")).unwrap() + &std::fs::read_to_string(dir.path().join("b.log")).unwrap();
     assert!(ok, "the target did not catch up: {logs}");
     eprintln!("races seen: {} retried commits, {} re-plans", logs.matches("retrying").count(), logs.matches("discarding this commit").count());
-    let history = progress_history(&tw, "replica.orders");
-    let seqs = sequence_of(&t, &history);
-    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "a range was applied twice or progress went backwards: {history:?}");
+    assert_applied_once(&tw, "replica.orders", &t, "two services");
 }
 
 /// Credentials never reach a log line or an error message, at any log level.
