@@ -108,14 +108,6 @@ pub struct SyncSummary {
     pub seconds: f64,
 }
 
-/// Catalog connections a sync runs on (the daemon keeps them across polls), and the signal that asks an in-flight
-/// run to stop before its next catalog commit.
-pub struct SyncContext<'a> {
-    pub source: &'a Catalog,
-    pub target: &'a Catalog,
-    pub control: RunControl,
-}
-
 /// What a caller that runs syncs repeatedly (the service) hands each run.
 #[derive(Default, Clone)]
 pub struct RunControl {
@@ -234,22 +226,10 @@ fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Opt
 /// never re-applying a range and never moving the progress backwards.
 pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
     let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
-    let source = Catalog::connect(&cfg.source.catalog, "source").await?;
+    let (_, source) = load_source(cfg).await?;
     let target = Catalog::connect(&tcfg.catalog, "target").await?;
-    run_sync_on(cfg, &SyncContext { source: &source, target: &target, control: RunControl::default() }, from, to, on_commit).await
-}
-
-/// [`run_sync`] on catalogs already connected: what `cdc sync` and every poll of the service run.
-pub async fn run_sync_on(
-    cfg: &Config,
-    ctx: &SyncContext<'_>,
-    from: Option<Bound>,
-    to: Option<Bound>,
-    on_commit: impl FnMut(&CommitReport),
-) -> Result<SyncSummary> {
-    let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
-    let mut sink = IcebergSink::new(ctx.target, tcfg.clone());
-    let mut summary = run_once(cfg, ctx.source, &mut sink, from, to, &ctx.control, on_commit).await?;
+    let mut sink = IcebergSink::new(&target, tcfg.clone());
+    let mut summary = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), on_commit).await?;
     summary.target_table = tcfg.table.clone();
     Ok(summary)
 }
@@ -257,10 +237,11 @@ pub async fn run_sync_on(
 /// The runner: replicates the source range `(from, to]` into `sink`, one commit per chunk of source snapshots, each
 /// recording the source snapshot it brings the sink up to. Where to start is decided from the sink's recorded
 /// progress (bootstrap copy / resume / explicit `--from` with the gap rules); when the sink reports that its progress
-/// moved under the plan (another writer), the run plans again from what it records.
+/// moved under the plan (another writer), the run plans again from what it records. `source` is the source table as
+/// the caller loaded it (the service has it from its poll).
 pub async fn run_once(
     cfg: &Config,
-    source_catalog: &Catalog,
+    source: &Table,
     sink: &mut dyn Sink,
     from: Option<Bound>,
     to: Option<Bound>,
@@ -269,7 +250,6 @@ pub async fn run_once(
 ) -> Result<SyncSummary> {
     let started = Instant::now();
     let stop = control.stop.as_ref();
-    let source = source_catalog.load_table(&cfg.source.table).await?;
     let smeta = source.metadata();
     let name = &cfg.source.table;
     let mut summary = SyncSummary { source_table: name.clone(), target_table: sink.label(), ..Default::default() };
@@ -290,7 +270,7 @@ pub async fn run_once(
         SourceInfo { uuid: smeta.uuid().to_string(), name: name.clone(), metadata: source.metadata_ref(), key_ids: key_ids.clone(), names_schema };
     let src = SyncSource { cfg, table: source.clone(), end };
     // One scan for the run: its delete cache serves every commit.
-    let mut scan = ChangelogScan::new(&source, &src.schema_at(&src.end), key_ids, scan_options(cfg))?;
+    let mut scan = ChangelogScan::new(source, &src.schema_at(&src.end), key_ids, scan_options(cfg))?;
     if let Some(cache) = &control.cache {
         scan = scan.with_cache(cache.clone());
     }
@@ -383,7 +363,8 @@ pub async fn run_once(
             }
         }
         if !replan {
-            summary.source_snapshot_id = sink.recorded(&info).await?;
+            // the last chunk always commits: the sink now records exactly what it committed last
+            summary.source_snapshot_id = base;
             break;
         }
         replans += 1;

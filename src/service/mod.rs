@@ -2,7 +2,7 @@
 //!
 //! Each loop polls its source on its interval: a poll loads the source's and the target's metadata only, and when
 //! the source has snapshots beyond the target's recorded progress it calls the same runner as `cdc sync`
-//! ([`crate::pipeline::run_sync_on`]), coalescing every new snapshot into one commit, at most one commit per
+//! ([`crate::pipeline::run_once`]), coalescing every new snapshot into one commit, at most one commit per
 //! `commit_interval`. Loops are isolated: a failing one (catalog down, table missing) retries with jittered
 //! exponential backoff and is reported; a permanent error (schema the target cannot follow, expired progress) stops
 //! that loop only, visibly, until a reload. A panicking loop is restarted; shared state is never poisoned.
@@ -29,8 +29,9 @@ use tokio::task::JoinHandle;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::pipeline::{self, SyncContext};
+use crate::pipeline;
 use crate::sink::iceberg::progress;
+use crate::sink::iceberg::sink::IcebergSink;
 use crate::spec::lineage;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
@@ -287,16 +288,14 @@ async fn poll(
         return Ok(());
     }
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let ctx = SyncContext { source: scat, target: tcat, control };
-    let summary = pipeline::run_sync_on(cfg, &ctx, None, None, |r| telemetry.committed(labels, r)).await?;
+    let mut sink = IcebergSink::new(tcat, tcfg.clone());
+    let summary = pipeline::run_once(cfg, &source, &mut sink, None, None, &control, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
     if !summary.target_snapshot_ids.is_empty() {
         *last_commit = Some(Instant::now());
     }
-    // what is left: snapshots committed to the source while we applied
-    let after = summary.source_snapshot_id.or(recorded);
-    let source = scat.load_table(&cfg.source.table).await?;
-    let (secs, n) = lag(&pending_snapshots(source.metadata(), after));
+    // what is left of this poll's view of the source (commits that landed meanwhile show at the next poll)
+    let (secs, n) = lag(&pending_snapshots(meta, summary.source_snapshot_id.or(recorded)));
     telemetry.polled(labels, secs, n);
     Ok(())
 }

@@ -85,7 +85,7 @@ pub fn resolve_key(schema: &Schema, configured: Option<&[String]>) -> Result<Vec
 }
 
 /// Every field id of `schema`, depth first in column order.
-pub fn schema_order(schema: &Schema) -> Vec<i32> {
+fn schema_order(schema: &Schema) -> Vec<i32> {
     fn walk(fields: &[iceberg::spec::NestedFieldRef], out: &mut Vec<i32>) {
         for f in fields {
             out.push(f.id);

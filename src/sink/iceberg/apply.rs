@@ -21,7 +21,7 @@ use crate::change::{self, ChangeType};
 use crate::error::{Error, Result};
 use crate::sink::iceberg::deletes::{self, Partition};
 use crate::sink::iceberg::evolve::FieldMap;
-use crate::sink::iceberg::files::{Content, PartitionedWriter};
+use crate::sink::iceberg::files::{remove_unreferenced, Content, PartitionedWriter};
 
 pub use crate::sink::CommitStats;
 
@@ -188,6 +188,11 @@ impl CommitWriter {
 
     /// Gives up the commit: the paths of every file written so far, for the caller to remove.
     pub fn abort(self) -> Vec<String> {
+        self.opened()
+    }
+
+    /// Every data and equality-delete file this commit created, finished or not.
+    fn opened(&self) -> Vec<String> {
         let mut paths = self.data.opened().to_vec();
         if let Some(eq) = &self.eq {
             paths.extend_from_slice(eq.opened());
@@ -199,16 +204,11 @@ impl CommitWriter {
     /// failure the files written so far are removed.
     pub async fn finish(self) -> Result<CommitFiles> {
         let io = self.table.file_io().clone();
-        let mut opened = self.data.opened().to_vec();
-        if let Some(eq) = &self.eq {
-            opened.extend_from_slice(eq.opened());
-        }
+        let opened = self.opened();
         match self.finish_files().await {
             Ok(done) => Ok(done),
             Err(e) => {
-                for p in opened {
-                    let _ = io.delete(&p).await;
-                }
+                remove_unreferenced(&io, opened).await;
                 Err(e)
             }
         }

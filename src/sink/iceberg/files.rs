@@ -225,12 +225,27 @@ pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batch
     w.finish().await
 }
 
-/// A failed write names its file; I/O failures (disk full, permissions) keep the I/O exit code.
+/// Removes files a commit wrote but will never reference (best effort: an orphan is harmless, only wasted space).
+pub(crate) async fn remove_unreferenced(io: &iceberg::io::FileIO, paths: Vec<String>) {
+    for p in paths {
+        if let Err(e) = io.delete(&p).await {
+            tracing::debug!(path = %p, error = %e, "could not remove an unreferenced file");
+        }
+    }
+}
+
+/// A failed write names its file; I/O failures (disk full, permissions) keep the I/O exit code. An `io::Error` in
+/// the source chain decides; iceberg-rust 0.10.1's local FileIO flattens it into text ("… (os error 28)"), so for
+/// that one the OS error marker in the message is all there is to read.
 fn io_error(path: &str, e: iceberg::Error) -> Error {
     let message = error_chain(&e);
-    let io =
-        message.contains("os error") || message.contains("No space left") || e.kind() == iceberg::ErrorKind::Unexpected && message.contains("I/O");
-    if io {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    let mut io = false;
+    while let Some(c) = cause {
+        io |= c.is::<std::io::Error>();
+        cause = c.source();
+    }
+    if io || message.contains("(os error ") {
         Error::Io { path: path.to_string(), message, retryable: false }
     } else {
         Error::Iceberg(e)

@@ -22,6 +22,7 @@ use crate::config::TargetConfig;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
+use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
@@ -213,7 +214,7 @@ impl<'c> IcebergSink<'c> {
             let prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
             if stop.is_some_and(|s| *s.borrow()) {
                 // shutting down: abandon before the catalog call, so the commit either happened or never will
-                delete_files(&target, files).await;
+                remove_unreferenced(target.file_io(), files).await;
                 return Err(Error::Cancelled);
             }
             match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
@@ -237,13 +238,13 @@ impl<'c> IcebergSink<'c> {
                         || target.metadata().default_partition_spec_id() != open.planned_spec_id;
                     if now != open.base || moved {
                         tracing::warn!(planned_from = ?open.base, recorded = ?now, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
-                        delete_files(&target, files).await;
+                        remove_unreferenced(target.file_io(), files).await;
                         return Ok(Committed::Replan);
                     }
                     // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
                 }
                 Err(e) => {
-                    delete_files(&target, files).await;
+                    remove_unreferenced(target.file_io(), files).await;
                     return Err(e);
                 }
             }
@@ -293,7 +294,9 @@ impl Sink for IcebergSink<'_> {
     fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
-            let t = target::ensure(self.catalog, &self.cfg.table, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
+            // the table `recorded` just loaded, if it exists: no second load
+            let existing = self.table.take();
+            let t = target::ensure(self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
             self.created |= t.created;
             let recorded = progress::read(t.table.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
             if bootstrap && recorded.is_none() {
@@ -331,7 +334,7 @@ impl Sink for IcebergSink<'_> {
     fn abort(&mut self) -> BoxFuture<'_, ()> {
         async move {
             if let (Some(open), Some(table)) = (self.open.take(), self.table.as_ref()) {
-                delete_files(table, open.writer.abort()).await;
+                remove_unreferenced(table.file_io(), open.writer.abort()).await;
             }
         }
         .boxed()
@@ -343,15 +346,6 @@ impl Sink for IcebergSink<'_> {
 
     fn created(&self) -> bool {
         self.created
-    }
-}
-
-/// Removes files a commit wrote but will never reference (best effort: an orphan is harmless, only wasted space).
-async fn delete_files(table: &Table, paths: Vec<String>) {
-    for p in paths {
-        if let Err(e) = table.file_io().delete(&p).await {
-            tracing::debug!(path = %p, error = %e, "could not remove an unreferenced file");
-        }
     }
 }
 

@@ -55,7 +55,16 @@ pub struct Target {
 /// sync starts from — and the source's partition spec. Creation races with another applier are fine: whoever loses
 /// loads what the winner created. The field mapping comes from the target's properties, else from how the table
 /// was created (by position), else by name (a table that existed before its first sync).
-pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schema: &Schema, key: &[i32], format_version: u8) -> Result<Target> {
+/// `existing`: the table when the caller already loaded it (no second load).
+pub async fn ensure(
+    catalog: &Catalog,
+    name: &str,
+    existing: Option<Table>,
+    source: &TableMetadata,
+    schema: &Schema,
+    key: &[i32],
+    format_version: u8,
+) -> Result<Target> {
     let source_uuid = source.uuid().to_string();
     let created_from_key = format!("{CREATED_FROM_PREFIX}{source_uuid}");
     let loaded = |t: Table, created: bool| -> Result<Target> {
@@ -76,10 +85,16 @@ pub async fn ensure(catalog: &Catalog, name: &str, source: &TableMetadata, schem
         };
         Ok(Target { table: t, created, map })
     };
-    match catalog.load_table(name).await {
-        Ok(t) => return loaded(t, false),
-        Err(Error::TableNotFound { .. }) => {}
-        Err(e) => return Err(e),
+    let existing = match existing {
+        Some(t) => Some(t),
+        None => match catalog.load_table(name).await {
+            Ok(t) => Some(t),
+            Err(Error::TableNotFound { .. }) => None,
+            Err(e) => return Err(e),
+        },
+    };
+    if let Some(t) = existing {
+        return loaded(t, false);
     }
     // Identifier fields must be required; equality deletes work either way.
     let all_required = !key.is_empty() && key.iter().all(|id| schema.field_by_id(*id).is_some_and(|f| f.required));
