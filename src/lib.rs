@@ -2,6 +2,7 @@
 //!
 //! Data flows one way: `source` (lineage, planning, reading, the changelog scan) → `change` (row types and metadata
 //! columns) → `pipeline` (the only module that sees both sides) → outputs and sinks.
+pub mod auth;
 pub mod catalog;
 pub mod change;
 pub mod config;
@@ -13,5 +14,6 @@ pub mod service;
 pub mod sink;
 pub mod source;
 pub mod spec;
+pub mod storage;
 
 pub use error::{Error, Result};

@@ -11,15 +11,16 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use iceberg::io::{FileIO, FileIOBuilder, LocalFsStorageFactory};
+use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
 use iceberg::{Catalog as _, CatalogBuilder, MetadataLocation, NamespaceIdent, TableCreation, TableIdent};
 use iceberg::{TableRequirement, TableUpdate};
-use iceberg_catalog_rest::{RestCatalog, RestCatalogBuilder};
 use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
 
+use crate::auth::TokenSource;
 use crate::config::{split_table_name, CatalogConfig, CatalogType};
+use crate::storage::{self, CdcStorageFactory};
 use crate::error::{Error, Result};
 
 pub use hadoop::HadoopCatalog;
@@ -31,11 +32,20 @@ const SQL_NAME_PROP: &str = "name";
 pub enum Catalog {
     Hadoop(HadoopCatalog),
     Sql { inner: SqlCatalog, pool: sqlx::SqlitePool, name: String },
-    Rest(Box<RestCatalog>, rest::RestCommitter),
+    Rest(Arc<rest::RestClient>),
 }
 
 fn local_file_io() -> FileIO {
-    FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build()
+    storage::file_io(CdcStorageFactory::default(), &HashMap::new())
+}
+
+/// Storage for a file-based catalog: Google tokens for `gs://` when `auth = "google"`.
+fn storage_factory(cfg: &CatalogConfig) -> CdcStorageFactory {
+    let google = cfg.props.get(rest::keys::AUTH).is_some_and(|a| a == "google");
+    let creds: Option<Arc<dyn storage::StorageCredentials>> = google.then(|| {
+        Arc::new(storage::GoogleStorageToken(TokenSource::google(cfg.props.get(rest::keys::GOOGLE_CREDENTIALS_FILE).cloned()))) as _
+    });
+    CdcStorageFactory::with_credentials(creds)
 }
 
 fn strip_file_scheme(p: &str) -> String {
@@ -50,7 +60,9 @@ impl Catalog {
             CatalogType::Hadoop => Ok(Catalog::Hadoop(HadoopCatalog::new(strip_file_scheme(&warehouse), local_file_io()))),
             CatalogType::Sql => {
                 let wh = strip_file_scheme(&warehouse);
-                std::fs::create_dir_all(&wh).map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false))?;
+                if !storage::is_object_store(&wh) {
+                    std::fs::create_dir_all(&wh).map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false))?;
+                }
                 let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
                 let name = props.remove(SQL_NAME_PROP).unwrap_or_else(|| SQL_DEFAULT_NAME.to_string());
                 let uri = props.remove("uri").unwrap_or_else(|| format!("sqlite:{wh}/catalog.db"));
@@ -59,7 +71,7 @@ impl Catalog {
                 props.insert("uri".into(), uri.clone());
                 props.insert("warehouse".into(), wh.clone());
                 let inner = SqlCatalogBuilder::default()
-                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                    .with_storage_factory(Arc::new(storage_factory(cfg)))
                     .load(name.clone(), props)
                     .await
                     .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
@@ -73,25 +85,9 @@ impl Catalog {
                 let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
                 Ok(Catalog::Sql { inner, pool, name })
             }
-            CatalogType::Rest => {
-                let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
-                if !warehouse.is_empty() {
-                    props.insert("warehouse".into(), warehouse);
-                }
-                let uri = props.get("uri").cloned().unwrap_or_default();
-                let client = reqwest::Client::builder()
-                    .connect_timeout(std::time::Duration::from_secs(10))
-                    .timeout(std::time::Duration::from_secs(120))
-                    .build()
-                    .map_err(|e| Error::catalog(label, e, false))?;
-                let cat = RestCatalogBuilder::default()
-                    .with_client(client)
-                    .with_storage_factory(Arc::new(LocalFsStorageFactory))
-                    .load(label.to_string(), props.clone())
-                    .await
-                    .map_err(|e| Error::catalog(label, format!("REST catalog {uri}: {e}"), e.retryable()))?;
-                let committer = rest::RestCommitter::connect(&props).await?;
-                Ok(Catalog::Rest(Box::new(cat), committer))
+            CatalogType::Rest | CatalogType::Biglake => {
+                let props = cfg.rest_props();
+                Ok(Catalog::Rest(rest::RestClient::connect(&props, label).await?))
             }
         }
     }
@@ -107,7 +103,7 @@ impl Catalog {
         let res = match self {
             Catalog::Hadoop(h) => return h.load_table(&ident).await,
             Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
-            Catalog::Rest(c, _) => c.load_table(&ident).await,
+            Catalog::Rest(c) => return c.load_table(&ident).await,
         };
         res.map_err(|e| self.map_load_error(name, e))
     }
@@ -130,7 +126,7 @@ impl Catalog {
                         .map_err(|e| Error::catalog("sql", e, true))?;
                 Ok(row.and_then(|r| r.0))
             }
-            Catalog::Rest(..) => Ok(None),
+            Catalog::Rest(_) => Ok(None),
         }
     }
 
@@ -138,7 +134,7 @@ impl Catalog {
         match self {
             Catalog::Hadoop(_) => "hadoop",
             Catalog::Sql { .. } => "sql",
-            Catalog::Rest(..) => "rest",
+            Catalog::Rest(_) => "rest",
         }
     }
 
@@ -164,8 +160,8 @@ impl Catalog {
         match self {
             Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
             Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
-            Catalog::Rest(c, _) => {
-                // The REST client drops `format_version`; servers read the property.
+            Catalog::Rest(c) => {
+                // Servers take the format version from this property.
                 let mut creation = creation;
                 let v = match creation.format_version {
                     iceberg::spec::FormatVersion::V1 => "1",
@@ -173,7 +169,10 @@ impl Catalog {
                     iceberg::spec::FormatVersion::V3 => "3",
                 };
                 creation.properties.insert("format-version".into(), v.into());
-                Self::create_via(c.as_ref(), &ns, creation).await
+                if !c.namespace_exists(&ns).await? {
+                    c.create_namespace(&ns).await?;
+                }
+                c.create_table(&ns, creation).await
             }
         }
     }
@@ -219,7 +218,7 @@ impl Catalog {
                 }
                 self.load_table(&table_name(ident)).await
             }
-            Catalog::Rest(_, committer) => {
+            Catalog::Rest(committer) => {
                 let ident = table.identifier();
                 let new_snapshot = updates.iter().find_map(|u| match u {
                     TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),

@@ -1,15 +1,52 @@
-//! Commits to an Iceberg REST catalog with our own hand-built updates: `POST /v1/{prefix}/namespaces/{ns}/tables/{t}`
-//! with a `CommitTableRequest` (iceberg-rust's REST client only accepts its sealed `TableCommit`).
+//! An Iceberg REST catalog client: config, namespaces, load/create table, and commits of our own hand-built updates.
+//!
+//! We speak the protocol ourselves instead of using iceberg-catalog-rest 0.10.1 because a service running for months
+//! against Google BigLake needs what that client lacks: tokens renewed before they expire and after a 401 (it fetches
+//! one at start and keeps it), vended storage credentials (`X-Iceberg-Access-Delegation`; it ignores
+//! `storage-credentials` and never re-fetches them), commits of our own `TableUpdate`s (its `TableCommit` is sealed),
+//! and FileIO on `gs://`/`s3://` through [`crate::storage`].
+//!
+//! Requests: every one carries the configured `header.*` headers and the current bearer token; a 401 renews the token
+//! and is retried once; reads (GET/HEAD) are retried on transport errors, 429 and 5xx with jittered backoff. A commit
+//! is never retried here: after it was sent its outcome can be unknown, which the caller settles by reloading.
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use iceberg::{TableIdent, TableRequirement, TableUpdate};
+use futures::future::BoxFuture;
+use iceberg::io::FileIO;
+use iceberg::spec::TableMetadata;
+use iceberg::table::Table;
+use iceberg::{NamespaceIdent, TableCreation, TableIdent, TableRequirement, TableUpdate};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
+use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
+use crate::auth::{Token, TokenSource};
 use crate::error::{Error, Result};
+use crate::storage::{self, props as sp, CdcStorageFactory, GoogleStorageToken, StorageCredentials};
 
-const CATALOG: &str = "rest";
+/// Catalog property keys of the REST client.
+pub mod keys {
+    pub const URI: &str = "uri";
+    pub const WAREHOUSE: &str = "warehouse";
+    pub const PREFIX: &str = "prefix";
+    pub const TOKEN: &str = "token";
+    pub const CREDENTIAL: &str = "credential";
+    pub const OAUTH2_SERVER_URI: &str = "oauth2-server-uri";
+    pub const SCOPE: &str = "scope";
+    /// `google`: Google Application Default Credentials (or `google-credentials-file`) for the catalog and storage.
+    pub const AUTH: &str = "auth";
+    pub const GOOGLE_CREDENTIALS_FILE: &str = "google-credentials-file";
+    /// `true`: ask the catalog for short-lived storage credentials (`X-Iceberg-Access-Delegation`).
+    pub const VENDED_CREDENTIALS: &str = "vended-credentials";
+    pub const HEADER_PREFIX: &str = "header.";
+    /// Keys the client itself understands (everything else must be a storage property or a header).
+    pub const ALL: &[&str] = &[URI, WAREHOUSE, PREFIX, TOKEN, CREDENTIAL, OAUTH2_SERVER_URI, SCOPE, AUTH, GOOGLE_CREDENTIALS_FILE, VENDED_CREDENTIALS];
+}
+
+const ACCESS_DELEGATION: &str = "x-iceberg-access-delegation";
+const READ_ATTEMPTS: u32 = 4;
 
 /// Outcome of a commit request.
 #[derive(Debug, PartialEq, Eq)]
@@ -21,11 +58,17 @@ pub enum CommitOutcome {
     Unknown(String),
 }
 
-pub struct RestCommitter {
-    client: reqwest::Client,
+/// A connected REST catalog (cheap to share).
+pub struct RestClient {
+    http: reqwest::Client,
     base: String,
     prefix: Option<String>,
     headers: HeaderMap,
+    auth: Option<Arc<TokenSource>>,
+    vended: bool,
+    /// Storage properties for FileIO: catalog config defaults < user properties < catalog overrides.
+    storage_props: HashMap<String, String>,
+    label: String,
 }
 
 #[derive(Deserialize)]
@@ -37,67 +80,266 @@ struct ConfigResponse {
 }
 
 #[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
+#[serde(rename_all = "kebab-case")]
+struct LoadTableResponse {
+    metadata_location: Option<String>,
+    metadata: TableMetadata,
+    #[serde(default)]
+    config: HashMap<String, String>,
+    #[serde(default)]
+    storage_credentials: Vec<StorageCredential>,
 }
 
-impl RestCommitter {
-    pub async fn connect(props: &HashMap<String, String>) -> Result<Self> {
-        let base = props.get("uri").cloned().unwrap_or_default().trim_end_matches('/').to_string();
-        let client = reqwest::Client::builder()
+#[derive(Deserialize)]
+struct StorageCredential {
+    prefix: String,
+    config: HashMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorResponse {
+    error: ErrorModel,
+}
+
+#[derive(Deserialize)]
+struct ErrorModel {
+    message: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+}
+
+fn server_message(body: &str) -> String {
+    match serde_json::from_str::<ErrorResponse>(body) {
+        Ok(e) if e.error.kind.is_empty() => e.error.message,
+        Ok(e) => format!("{}: {}", e.error.kind, e.error.message),
+        Err(_) => body.chars().take(500).collect(),
+    }
+}
+
+fn truthy(v: Option<&String>) -> bool {
+    v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on"))
+}
+
+impl RestClient {
+    /// Connects: builds the token source, asks the server for its config (prefix, defaults), and checks the token.
+    pub async fn connect(props: &HashMap<String, String>, label: &str) -> Result<Arc<Self>> {
+        let base = props.get(keys::URI).cloned().unwrap_or_default().trim_end_matches('/').to_string();
+        let err = |m: String, retry: bool| Error::catalog(label, m, retry);
+        let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
             .build()
-            .map_err(|e| Error::catalog(CATALOG, e, false))?;
+            .map_err(|e| err(e.to_string(), false))?;
         let mut headers = HeaderMap::new();
         for (k, v) in props {
-            if let Some(name) = k.strip_prefix("header.") {
+            if let Some(name) = k.strip_prefix(keys::HEADER_PREFIX) {
                 let n = HeaderName::from_bytes(name.as_bytes()).map_err(|e| Error::Config(vec![format!("header `{name}`: {e}")]))?;
                 let v = HeaderValue::from_str(v).map_err(|e| Error::Config(vec![format!("header `{name}` value: {e}")]))?;
                 headers.insert(n, v);
             }
         }
-        let token = match (props.get("token"), props.get("credential")) {
-            (Some(t), _) => Some(t.clone()),
-            (None, Some(cred)) => {
-                let (id, secret) = cred.split_once(':').unwrap_or(("", cred.as_str()));
-                let url = props.get("oauth2-server-uri").cloned().unwrap_or_else(|| format!("{base}/v1/oauth/tokens"));
-                let scope = props.get("scope").cloned().unwrap_or_else(|| "catalog".into());
-                let form = [("grant_type", "client_credentials"), ("client_id", id), ("client_secret", secret), ("scope", scope.as_str())];
-                let resp =
-                    client.post(&url).form(&form).send().await.map_err(|e| Error::catalog(CATALOG, format!("token request to {url}: {e}"), true))?;
-                if !resp.status().is_success() {
-                    return Err(Error::catalog(CATALOG, format!("token request to {url}: HTTP {}", resp.status()), false));
-                }
-                Some(resp.json::<TokenResponse>().await.map_err(|e| Error::catalog(CATALOG, e, false))?.access_token)
+        let auth = match (props.get(keys::AUTH).map(String::as_str), props.get(keys::TOKEN), props.get(keys::CREDENTIAL)) {
+            (Some("google"), _, _) => Some(TokenSource::google(props.get(keys::GOOGLE_CREDENTIALS_FILE).cloned())),
+            (_, Some(t), _) => Some(TokenSource::fixed(t.clone())),
+            (_, None, Some(cred)) => {
+                let url = props.get(keys::OAUTH2_SERVER_URI).cloned().unwrap_or_else(|| format!("{base}/v1/oauth/tokens"));
+                let scope = props.get(keys::SCOPE).cloned().unwrap_or_else(|| "catalog".into());
+                Some(TokenSource::client_credentials(http.clone(), url, cred, scope))
             }
             _ => None,
         };
-        if let Some(t) = token {
-            headers.insert(AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {t}")).map_err(|e| Error::Config(vec![e.to_string()]))?);
-        }
-        let mut url = format!("{base}/v1/config");
-        if let Some(w) = props.get("warehouse") {
+        let vended = truthy(props.get(keys::VENDED_CREDENTIALS));
+        let mut client = RestClient { http, base, prefix: None, headers, auth, vended, storage_props: HashMap::new(), label: label.to_string() };
+
+        let mut url = format!("{}/v1/config", client.base);
+        if let Some(w) = props.get(keys::WAREHOUSE) {
             url = format!("{url}?warehouse={}", urlencode(w));
         }
-        let resp = client.get(&url).headers(headers.clone()).send().await.map_err(|e| Error::catalog(CATALOG, format!("{url}: {e}"), true))?;
+        let resp = client.read(Method::GET, &url).await?;
         if !resp.status().is_success() {
-            let retry = resp.status().is_server_error();
-            return Err(Error::catalog(CATALOG, format!("{url}: HTTP {}", resp.status()), retry));
+            return Err(client.status_error(&url, resp).await);
         }
-        let cfg: ConfigResponse = resp.json().await.map_err(|e| Error::catalog(CATALOG, e, false))?;
-        let prefix = props.get("prefix").cloned().or_else(|| cfg.overrides.get("prefix").cloned()).or_else(|| cfg.defaults.get("prefix").cloned());
-        Ok(RestCommitter { client, base, prefix, headers })
+        let cfg: ConfigResponse = resp.json().await.map_err(|e| err(format!("{url}: {e}"), false))?;
+        let mut merged = cfg.defaults;
+        merged.extend(props.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merged.extend(cfg.overrides);
+        client.prefix = merged.get(keys::PREFIX).cloned();
+        client.storage_props = merged.into_iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).collect();
+        Ok(Arc::new(client))
+    }
+
+    fn url(&self, path: &str) -> String {
+        match &self.prefix {
+            Some(p) => format!("{}/v1/{}/{path}", self.base, p),
+            None => format!("{}/v1/{path}", self.base),
+        }
+    }
+
+    fn ns_path(ns: &NamespaceIdent) -> String {
+        ns.iter().map(|p| urlencode(p)).collect::<Vec<_>>().join("%1F")
     }
 
     fn table_url(&self, ident: &TableIdent) -> String {
-        let ns = ident.namespace().iter().map(|p| urlencode(p)).collect::<Vec<_>>().join("%1F");
-        match &self.prefix {
-            Some(p) => format!("{}/v1/{}/namespaces/{ns}/tables/{}", self.base, p, urlencode(ident.name())),
-            None => format!("{}/v1/namespaces/{ns}/tables/{}", self.base, urlencode(ident.name())),
+        self.url(&format!("namespaces/{}/tables/{}", Self::ns_path(ident.namespace()), urlencode(ident.name())))
+    }
+
+    async fn token(&self) -> Result<Option<Token>> {
+        match &self.auth {
+            Some(a) => Ok(Some(a.token().await?)),
+            None => Ok(None),
         }
     }
 
+    /// Sends one request with headers and token; a 401 renews the token and is sent once more.
+    async fn send(&self, method: Method, url: &str, body: Option<&serde_json::Value>) -> std::result::Result<reqwest::Response, reqwest::Error> {
+        let mut renewed = false;
+        loop {
+            let token = self.token().await.ok().flatten();
+            let mut req = self.http.request(method.clone(), url).headers(self.headers.clone());
+            if self.vended {
+                req = req.header(ACCESS_DELEGATION, "vended-credentials");
+            }
+            if let Some(t) = &token {
+                req = req.header(AUTHORIZATION, format!("Bearer {}", t.secret));
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let resp = req.send().await?;
+            if resp.status() == StatusCode::UNAUTHORIZED && !renewed && self.auth.is_some() {
+                tracing::info!(catalog = %self.label, "the catalog refused the token (HTTP 401); renewing it");
+                if let Some(a) = &self.auth {
+                    a.invalidate().await;
+                }
+                renewed = true;
+                continue;
+            }
+            return Ok(resp);
+        }
+    }
+
+    /// A read-only request, retried on transport errors, 429 and 5xx.
+    async fn read(&self, method: Method, url: &str) -> Result<reqwest::Response> {
+        // the token source's own errors (e.g. no credentials) are not transport errors: surface them first
+        self.token().await?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let r = self.send(method.clone(), url, None).await;
+            let transient = match &r {
+                Ok(resp) => resp.status().is_server_error() || resp.status() == StatusCode::TOO_MANY_REQUESTS,
+                Err(_) => true,
+            };
+            if !transient || attempt >= READ_ATTEMPTS {
+                return r.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true));
+            }
+            let delay = Duration::from_millis(200 * 2u64.pow(attempt)) + Duration::from_millis(rand_ms(200));
+            tracing::debug!(catalog = %self.label, url, attempt, "transient catalog error; retrying in {delay:?}");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn status_error(&self, url: &str, resp: reqwest::Response) -> Error {
+        let status = resp.status();
+        let text = server_message(&resp.text().await.unwrap_or_default());
+        match status.as_u16() {
+            401 | 403 => Error::Auth {
+                source_name: format!("{} catalog", self.label),
+                message: format!("{url}: HTTP {status}: {text}; check the credentials and that they may use this catalog (IAM roles)"),
+                retryable: false,
+            },
+            429 | 500..=599 => Error::catalog(&self.label, format!("{url}: HTTP {status}: {text}"), true),
+            _ => Error::catalog(&self.label, format!("{url}: HTTP {status}: {text}"), false),
+        }
+    }
+
+    /// Loads a table, with a FileIO for its location (vended or configured credentials).
+    pub async fn load_table(self: &Arc<Self>, ident: &TableIdent) -> Result<Table> {
+        let (resp, url) = self.load_response(ident).await?;
+        let location = resp.metadata.location().to_string();
+        let meta_loc = resp.metadata_location.clone();
+        let vended = vended_props(&location, &resp);
+        let credentials: Option<Arc<dyn StorageCredentials>> = if !vended.is_empty() {
+            Some(Arc::new(VendedCredentials::new(self.clone(), ident.clone(), vended)))
+        } else {
+            match &self.auth {
+                Some(a) if a.is_google() && location.starts_with("gs://") => Some(Arc::new(GoogleStorageToken(a.clone()))),
+                _ => None,
+            }
+        };
+        let mut props = self.storage_props.clone();
+        props.extend(resp.config.iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).map(|(k, v)| (k.clone(), v.clone())));
+        let io: FileIO = storage::file_io(CdcStorageFactory::with_credentials(credentials), &props);
+        let mut b = Table::builder().metadata(resp.metadata).identifier(ident.clone()).file_io(io);
+        if let Some(l) = meta_loc {
+            b = b.metadata_location(l);
+        }
+        b.build().map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), false))
+    }
+
+    async fn load_response(&self, ident: &TableIdent) -> Result<(LoadTableResponse, String)> {
+        let url = self.table_url(ident);
+        let resp = self.read(Method::GET, &url).await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() });
+        }
+        if !resp.status().is_success() {
+            return Err(self.status_error(&url, resp).await);
+        }
+        let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
+        let parsed = serde_json::from_str(&text).map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false))?;
+        Ok((parsed, url))
+    }
+
+    /// Whether the namespace exists.
+    pub async fn namespace_exists(&self, ns: &NamespaceIdent) -> Result<bool> {
+        let url = self.url(&format!("namespaces/{}", Self::ns_path(ns)));
+        let resp = self.read(Method::HEAD, &url).await?;
+        match resp.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.status_error(&url, resp).await),
+        }
+    }
+
+    /// Creates the namespace; one that exists already (another writer was first) is fine.
+    pub async fn create_namespace(&self, ns: &NamespaceIdent) -> Result<()> {
+        let url = self.url("namespaces");
+        let body = serde_json::json!({"namespace": ns.iter().collect::<Vec<_>>(), "properties": {}});
+        let resp = self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
+        match resp.status() {
+            s if s.is_success() => Ok(()),
+            StatusCode::CONFLICT => Ok(()),
+            _ => Err(self.status_error(&url, resp).await),
+        }
+    }
+
+    /// Creates a table (the namespace must exist) and returns it loaded.
+    pub async fn create_table(self: &Arc<Self>, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+        let url = self.url(&format!("namespaces/{}/tables", Self::ns_path(ns)));
+        let mut body = serde_json::json!({
+            "name": creation.name,
+            "schema": creation.schema,
+            "properties": creation.properties,
+        });
+        if let Some(l) = &creation.location {
+            body["location"] = serde_json::json!(l);
+        }
+        if let Some(p) = &creation.partition_spec {
+            body["partition-spec"] = serde_json::to_value(p).map_err(|e| Error::Internal(e.to_string()))?;
+        }
+        if let Some(o) = &creation.sort_order {
+            body["write-order"] = serde_json::to_value(o).map_err(|e| Error::Internal(e.to_string()))?;
+        }
+        let resp = self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(&url, resp).await);
+        }
+        // The response carries the metadata, but loading also sets up the storage credentials the same way.
+        self.load_table(&TableIdent::new(ns.clone(), creation.name)).await
+    }
+
+    /// Commits `updates` under `requirements` (`POST .../tables/{t}` with a `CommitTableRequest`).
     pub async fn commit(&self, ident: &TableIdent, requirements: &[TableRequirement], updates: &[TableUpdate]) -> Result<CommitOutcome> {
         let body = serde_json::json!({
             "identifier": {"namespace": ident.namespace().iter().collect::<Vec<_>>(), "name": ident.name()},
@@ -105,23 +347,99 @@ impl RestCommitter {
             "updates": updates,
         });
         let url = self.table_url(ident);
-        let resp = match self.client.post(&url).headers(self.headers.clone()).json(&body).send().await {
+        self.token().await?;
+        let resp = match self.send(Method::POST, &url, Some(&body)).await {
             Ok(r) => r,
             // connect errors happen before the request reaches the server: nothing was committed
-            Err(e) if e.is_connect() => return Err(Error::catalog(CATALOG, format!("{url}: {e}"), true)),
+            Err(e) if e.is_connect() => return Err(Error::catalog(&self.label, format!("{url}: {e}"), true)),
             Err(e) => return Ok(CommitOutcome::Unknown(e.to_string())),
         };
         let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
         match status.as_u16() {
             200..=299 => Ok(CommitOutcome::Committed),
-            409 => Ok(CommitOutcome::Conflict(text)),
-            500..=599 => Ok(CommitOutcome::Unknown(format!("HTTP {status}: {text}"))),
-            401 | 403 => Err(Error::catalog(CATALOG, format!("commit refused (HTTP {status}): check token/credential: {text}"), false)),
-            404 => Err(Error::TableNotFound { catalog: CATALOG.into(), table: ident.to_string() }),
-            _ => Err(Error::catalog(CATALOG, format!("commit failed (HTTP {status}): {text}"), false)),
+            409 => Ok(CommitOutcome::Conflict(server_message(&resp.text().await.unwrap_or_default()))),
+            500..=599 => Ok(CommitOutcome::Unknown(format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default())))),
+            404 => Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() }),
+            _ => Err(self.status_error(&url, resp).await),
         }
     }
+}
+
+/// The storage properties a load response vends for `location`: the `storage-credentials` entry with the longest
+/// matching prefix, else the storage keys of `config` that carry credentials.
+fn vended_props(location: &str, resp: &LoadTableResponse) -> HashMap<String, String> {
+    if let Some(c) = resp.storage_credentials.iter().filter(|c| location.starts_with(&c.prefix)).max_by_key(|c| c.prefix.len()) {
+        return c.config.clone();
+    }
+    const CREDENTIAL_KEYS: &[&str] = &[sp::GCS_TOKEN, sp::S3_ACCESS_KEY_ID, sp::S3_SESSION_TOKEN];
+    if CREDENTIAL_KEYS.iter().any(|k| resp.config.contains_key(*k)) {
+        return resp.config.iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).map(|(k, v)| (k.clone(), v.clone())).collect();
+    }
+    HashMap::new()
+}
+
+/// When vended credentials stop working: `gcs.oauth2.token-expires-at` / `s3.session-token-expires-at-ms` (epoch ms).
+fn vended_expiry(props: &HashMap<String, String>) -> Option<SystemTime> {
+    [sp::GCS_TOKEN_EXPIRES_AT, "s3.session-token-expires-at-ms"]
+        .iter()
+        .find_map(|k| props.get(*k))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+struct Vended {
+    props: HashMap<String, String>,
+    token: Token,
+    issued: SystemTime,
+}
+
+/// Storage credentials the catalog vended for one table, fetched again (by reloading the table) before they expire.
+pub struct VendedCredentials {
+    client: Arc<RestClient>,
+    ident: TableIdent,
+    state: tokio::sync::Mutex<Vended>,
+}
+
+impl std::fmt::Debug for VendedCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VendedCredentials").field("table", &self.ident.to_string()).finish_non_exhaustive()
+    }
+}
+
+impl VendedCredentials {
+    fn new(client: Arc<RestClient>, ident: TableIdent, props: HashMap<String, String>) -> Self {
+        let token = Token { secret: String::new(), expires_at: vended_expiry(&props) };
+        VendedCredentials { client, ident, state: tokio::sync::Mutex::new(Vended { props, token, issued: SystemTime::now() }) }
+    }
+}
+
+impl StorageCredentials for VendedCredentials {
+    fn current(&self) -> BoxFuture<'_, Result<HashMap<String, String>>> {
+        Box::pin(async move {
+            let mut st = self.state.lock().await;
+            let now = SystemTime::now();
+            if !st.token.fresh_at(now, st.issued) {
+                let (resp, _) = self.client.load_response(&self.ident).await?;
+                let props = vended_props(resp.metadata.location(), &resp);
+                if props.is_empty() {
+                    return Err(Error::Auth {
+                        source_name: format!("{} catalog", self.client.label),
+                        message: format!("the catalog stopped vending storage credentials for {}", self.ident),
+                        retryable: true,
+                    });
+                }
+                tracing::debug!(table = %self.ident, "vended storage credentials renewed");
+                *st = Vended { token: Token { secret: String::new(), expires_at: vended_expiry(&props) }, props, issued: now };
+            }
+            Ok(st.props.clone())
+        })
+    }
+}
+
+/// A few hundred milliseconds of jitter without a random-number crate: the clock's sub-second noise.
+fn rand_ms(max: u64) -> u64 {
+    let n = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
+    n % max.max(1)
 }
 
 fn urlencode(s: &str) -> String {
@@ -138,8 +456,46 @@ fn urlencode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn encodes_names() {
-        assert_eq!(super::urlencode("a b/c"), "a%20b%2Fc");
+        assert_eq!(urlencode("a b/c"), "a%20b%2Fc");
+    }
+
+    fn response(config: &[(&str, &str)], creds: &[(&str, &[(&str, &str)])]) -> LoadTableResponse {
+        let meta = serde_json::json!({
+            "format-version": 2, "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1", "location": "gs://b/wh/t",
+            "last-sequence-number": 0, "last-updated-ms": 1, "last-column-id": 1, "current-schema-id": 0,
+            "schemas": [{"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]}],
+            "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}], "last-partition-id": 999,
+            "default-sort-order-id": 0, "sort-orders": [{"order-id": 0, "fields": []}]
+        });
+        LoadTableResponse {
+            metadata_location: None,
+            metadata: serde_json::from_value(meta).unwrap(),
+            config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            storage_credentials: creds
+                .iter()
+                .map(|(p, c)| StorageCredential { prefix: p.to_string(), config: c.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn vended_credentials_prefer_the_longest_matching_prefix() {
+        let r = response(&[("gcs.oauth2.token", "from-config")], &[("gs://b/", &[("gcs.oauth2.token", "short")]), ("gs://b/wh", &[("gcs.oauth2.token", "long")])]);
+        assert_eq!(vended_props("gs://b/wh/t", &r)["gcs.oauth2.token"], "long");
+        let r = response(&[("gcs.oauth2.token", "from-config"), ("gcs.oauth2.token-expires-at", "1700000000000")], &[]);
+        let p = vended_props("gs://b/wh/t", &r);
+        assert_eq!(p["gcs.oauth2.token"], "from-config");
+        assert_eq!(vended_expiry(&p), Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)));
+        assert!(vended_props("gs://b/wh/t", &response(&[("gcs.service.path", "http://x")], &[])).is_empty());
+    }
+
+    #[test]
+    fn server_errors_are_summarised() {
+        assert_eq!(server_message(r#"{"error":{"message":"no","type":"NotAuthorized","code":403}}"#), "NotAuthorized: no");
+        assert_eq!(server_message("plain"), "plain");
     }
 }

@@ -76,7 +76,7 @@ def workload(t, version, mode, keyed=True, partitioned=False):
         f"WHEN MATCHED THEN UPDATE SET t.name = s.tag "
         f"WHEN NOT MATCHED THEN INSERT (id, name, amount, ts, cat) VALUES (s.id, s.tag, 1.00, TIMESTAMP '2024-01-03 00:00:00', 'z')",
         f"INSERT INTO {t} VALUES (3, 'again-3', 3.30, TIMESTAMP '2024-01-02 03:03:03', 'r')",
-        f"CALL {CAT}.system.rewrite_data_files(table => '{t.split('.', 1)[1]}', options => map('min-input-files','1','rewrite-all','true'))",
+        f"CALL {t.split('.', 1)[0]}.system.rewrite_data_files(table => '{t.split('.', 1)[1]}', options => map('min-input-files','1','rewrite-all','true'))",
         f"ALTER TABLE {t} ADD COLUMN note STRING",
         f"UPDATE {t} SET note = 'n', cat = 'q' WHERE id IN (2, 10, 40)",
         f"INSERT INTO {t} VALUES (50, 'fifty', 50.50, TIMESTAMP '2024-01-05 05:05:05', 'b', 'new')",
