@@ -270,7 +270,8 @@ impl RestClient {
         let mut props = self.storage_props.clone();
         props.extend(resp.config.iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).map(|(k, v)| (k.clone(), v.clone())));
         let io: FileIO = storage::file_io(CdcStorageFactory::with_credentials(credentials), &props);
-        let mut b = Table::builder().metadata(resp.metadata).identifier(ident.clone()).file_io(io);
+        let runtime = iceberg::Runtime::try_current().map_err(|e| Error::Internal(format!("no async runtime: {e}")))?;
+        let mut b = Table::builder().metadata(resp.metadata).identifier(ident.clone()).file_io(io).runtime(runtime);
         if let Some(l) = meta_loc {
             b = b.metadata_location(l);
         }
