@@ -62,6 +62,11 @@ pub mod props {
 pub trait StorageCredentials: fmt::Debug + Send + Sync {
     /// The properties to use now (e.g. `gcs.oauth2.token`); callers compare them to decide whether to rebuild.
     fn current(&self) -> BoxFuture<'_, Result<HashMap<String, String>>>;
+
+    /// The storage refused what [`Self::current`] returned (HTTP 401): fetch anew next time.
+    fn invalidate(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A Google token source as storage credentials (`gcs.oauth2.token`).
@@ -74,6 +79,53 @@ impl StorageCredentials for GoogleStorageToken {
             let t = self.0.token().await?;
             Ok(HashMap::from([(props::GCS_TOKEN.to_string(), t.secret)]))
         })
+    }
+
+    fn invalidate(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.0.invalidate())
+    }
+}
+
+/// Sends OpenDAL's GCS requests with the bearer token of this moment (every attempt, retries included), and once more
+/// with a renewed token after a 401. Operators therefore live as long as the FileIO while tokens come and go.
+struct BearerFetch {
+    inner: opendal::raw::HttpClient,
+    credentials: Arc<dyn StorageCredentials>,
+}
+
+impl BearerFetch {
+    async fn authorize(&self, req: &mut http::Request<opendal::Buffer>) -> opendal::Result<()> {
+        let props = self.credentials.current().await.map_err(|e| {
+            let temporary = e.is_retryable();
+            let err = opendal::Error::new(opendal::ErrorKind::PermissionDenied, format!("storage credentials: {e}"));
+            if temporary { err.set_temporary() } else { err }
+        })?;
+        if let Some(t) = props.get(props::GCS_TOKEN) {
+            let v = http::HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|e| opendal::Error::new(opendal::ErrorKind::ConfigInvalid, "token is not a valid header value").set_source(e))?;
+            req.headers_mut().insert(http::header::AUTHORIZATION, v);
+        }
+        Ok(())
+    }
+}
+
+impl opendal::raw::HttpFetch for BearerFetch {
+    async fn fetch(&self, mut req: http::Request<opendal::Buffer>) -> opendal::Result<http::Response<opendal::raw::HttpBody>> {
+        // keep what is needed to send it again (the body is a cheap, shared buffer)
+        let (method, uri, headers, body) = (req.method().clone(), req.uri().clone(), req.headers().clone(), req.body().clone());
+        self.authorize(&mut req).await?;
+        let resp = self.inner.fetch(req).await?;
+        if resp.status() != http::StatusCode::UNAUTHORIZED {
+            return Ok(resp);
+        }
+        tracing::info!(%uri, "storage refused the token (HTTP 401); renewing it");
+        self.credentials.invalidate().await;
+        let mut again = http::Request::new(body);
+        *again.method_mut() = method;
+        *again.uri_mut() = uri;
+        *again.headers_mut() = headers;
+        self.authorize(&mut again).await?;
+        self.inner.fetch(again).await
     }
 }
 
@@ -199,11 +251,22 @@ impl CdcStorage {
     async fn op<'p>(&self, path: &'p str) -> iceberg::Result<(Operator, &'p str)> {
         let scheme = Scheme::of(path)?;
         let (bucket, key) = split_bucket(path)?;
+        let cache_key = (scheme, bucket.to_string());
+        if let (Scheme::Gcs, Some(creds)) = (scheme, &self.inner.credentials) {
+            // tokens are added per request: one operator per bucket for good
+            if let Some((_, op)) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
+                return Ok((op.clone(), key));
+            }
+            let mut all = self.inner.props.clone();
+            all.extend(creds.current().await.map_err(from_crate)?);
+            let op = build_operator(scheme, bucket, &all, Some(creds.clone()))?;
+            self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, (HashMap::new(), op.clone()));
+            return Ok((op, key));
+        }
         let overlay = match &self.inner.credentials {
             Some(c) => c.current().await.map_err(from_crate)?,
             None => HashMap::new(),
         };
-        let cache_key = (scheme, bucket.to_string());
         if let Some((o, op)) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
             if *o == overlay {
                 return Ok((op.clone(), key));
@@ -211,7 +274,7 @@ impl CdcStorage {
         }
         let mut all = self.inner.props.clone();
         all.extend(overlay.clone());
-        let op = build_operator(scheme, bucket, &all)?;
+        let op = build_operator(scheme, bucket, &all, None)?;
         self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, (overlay, op.clone()));
         Ok((op, key))
     }
@@ -221,7 +284,8 @@ impl CdcStorage {
     }
 }
 
-fn build_operator(scheme: Scheme, bucket: &str, p: &HashMap<String, String>) -> iceberg::Result<Operator> {
+/// An operator for `bucket`; with `bearer`, GCS requests carry that source's current token instead of a fixed one.
+fn build_operator(scheme: Scheme, bucket: &str, p: &HashMap<String, String>, bearer: Option<Arc<dyn StorageCredentials>>) -> iceberg::Result<Operator> {
     let err = |e: opendal::Error| IcebergError::new(ErrorKind::Unexpected, format!("cannot configure storage for bucket {bucket}: {e}")).with_source(e);
     let op = match scheme {
         Scheme::Gcs => {
@@ -234,10 +298,17 @@ fn build_operator(scheme: Scheme, bucket: &str, p: &HashMap<String, String>) -> 
             // (a token, a key, or a token source the caller renews).
             cfg.disable_vm_metadata = true;
             cfg.disable_config_load = true;
-            if truthy(p.get(props::GCS_NO_AUTH)) {
+            if truthy(p.get(props::GCS_NO_AUTH)) || bearer.is_some() {
                 cfg.skip_signature = true;
             }
-            Operator::from_config(cfg).map_err(err)?.finish()
+            let op = Operator::from_config(cfg).map_err(err)?.finish();
+            match bearer {
+                Some(credentials) => {
+                    let fetch = BearerFetch { inner: opendal::raw::HttpClient::new().map_err(err)?, credentials };
+                    op.layer(opendal::layers::HttpClientLayer::new(opendal::raw::HttpClient::with(fetch)))
+                }
+                None => op,
+            }
         }
         Scheme::S3 => {
             let mut cfg = opendal::services::S3Config::default();

@@ -435,6 +435,13 @@ impl StorageCredentials for VendedCredentials {
             Ok(st.props.clone())
         })
     }
+
+    fn invalidate(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // refused before its stated expiry: fetch new ones on the next call
+            self.state.lock().await.token.expires_at = Some(SystemTime::UNIX_EPOCH);
+        })
+    }
 }
 
 /// A few hundred milliseconds of jitter without a random-number crate: the clock's sub-second noise.

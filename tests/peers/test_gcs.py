@@ -205,6 +205,10 @@ def test_service_replicates_across_many_token_expiries(spark, gcp, tmp_path):
 def test_faults_between_cdc_and_storage_and_catalog(spark, gcp, tmp_path):
     src = spark_source(spark, "g_faults", "mor_v2")
     cfg = config(tmp_path, gcp, "db.g_faults", "repl.g_faults", "snapshots_per_commit = 3\nretry_backoff = \"100ms\"")
+    # the first run copies the table at its second snapshot; the faults hit the incremental run after it
+    p = subprocess.run([CDC, "sync", "--config", cfg, "--to-snapshot", str(snapshot_ids(spark, src)[1])],
+                       capture_output=True, text=True, env=gcp.env())
+    assert p.returncode == 0, p.stderr
     sp, cp = gcp.storage_proxy, gcp.catalog_proxy
     sp.inject("POST", r"/upload/", "503", 2)          # uploads answered 503: retried by the storage layer
     sp.inject("GET", r"/o/", "drop", 2)               # reads whose connection drops: retried
@@ -214,7 +218,7 @@ def test_faults_between_cdc_and_storage_and_catalog(spark, gcp, tmp_path):
     cp.inject("GET", r"/tables/g_faults", "503", 2)          # loads answered 503: retried
     p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
     assert p.returncode == 0, p.stderr
-    assert sp.pending_faults() == 0 and cp.pending_faults() == 0, "some injected faults were never hit"
+    assert sp.pending_faults() == 0 and cp.pending_faults() == 0, f"faults never hit: {sp.faults} {cp.faults}"
     assert_same(spark, src, f"{GSCAT}.repl.g_faults")
     assert orphans(spark, gcp, f"{GSCAT}.repl.g_faults", "repl", "g_faults") == set()
 
