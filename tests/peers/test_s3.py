@@ -1,0 +1,107 @@
+"""Tables on S3: the S3 emulator (moto's server), the Iceberg REST catalog server with its warehouse on it (Iceberg's S3
+FileIO), Apache Spark writing the sources and reading the targets back. `cdc` reaches S3 with static keys given as
+catalog properties, and uploads large files in 5 MiB parts (multipart upload)."""
+import os
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+
+from conftest import CDC, ROOT
+from gcp_fake import free_port
+from spark_workloads import TABLES, workload
+
+BUCKET = "cdc-s3"
+S3CAT = "s3_cat"
+KEYS = {"s3.access-key-id": "cdc-test", "s3.secret-access-key": "cdc-secret", "client.region": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3(warehouse, spark):
+    state = os.path.join(warehouse, "s3")
+    os.makedirs(state, exist_ok=True)
+    peers = os.environ.get("PEERS_DIR", os.path.join(ROOT, ".peers"))
+    port = free_port()
+    log = open(os.path.join(state, "moto.log"), "w")
+    moto = subprocess.Popen([os.path.join(peers, "venv", "bin", "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/{BUCKET}", method="PUT"))
+            break
+        except OSError:
+            if moto.poll() is not None:
+                raise RuntimeError(f"moto_server died: {open(os.path.join(state, 'moto.log')).read()}")
+            time.sleep(0.2)
+    else:
+        raise RuntimeError("moto_server did not come up")
+    rest_script = os.path.join(ROOT, "scripts", "rest-catalog.sh")
+    env = dict(os.environ, CATALOG_WAREHOUSE=f"s3://{BUCKET}/wh", CATALOG_IO__IMPL="org.apache.iceberg.aws.s3.S3FileIO",
+               CATALOG_S3_ENDPOINT=url, CATALOG_S3_PATH__STYLE__ACCESS="true", CATALOG_S3_ACCESS__KEY__ID=KEYS["s3.access-key-id"],
+               CATALOG_S3_SECRET__ACCESS__KEY=KEYS["s3.secret-access-key"], CATALOG_CLIENT_REGION="us-east-1", AWS_REGION="us-east-1")
+    p = subprocess.run(["bash", rest_script, "start", os.path.join(state, "rest")], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"REST catalog server on S3 did not start: {p.stderr}")
+    rest_url = p.stdout.strip()
+    conf = {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": rest_url, ".io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            ".s3.endpoint": url, ".s3.path-style-access": "true"}
+    conf.update({f".{k}": v for k, v in KEYS.items()})
+    for k, v in conf.items():
+        spark.conf.set(f"spark.sql.catalog.{S3CAT}{k}", v)
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {S3CAT}.db")
+    yield {"endpoint": url, "rest": rest_url}
+    subprocess.run(["bash", rest_script, "stop", os.path.join(state, "rest")])
+    moto.terminate()
+    moto.wait(10)
+    log.close()
+
+
+def catalog(s3):
+    lines = ['type = "rest"', f'uri = "{s3["rest"]}"', f'"s3.endpoint" = "{s3["endpoint"]}"', '"s3.path-style-access" = "true"',
+             f'"io.upload-chunk-size" = "{5 * 1024 * 1024}"']
+    lines += [f'"{k}" = "{v}"' for k, v in KEYS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def rows(spark, table):
+    spark.sql(f"REFRESH TABLE {table}")
+    return Counter(tuple(r) for r in spark.table(table).collect())
+
+
+def sync(tmp_path, s3, source, target, *args):
+    cfg = tmp_path / "cdc.toml"
+    cfg.write_text(f'[source]\ntable = "{source}"\n[source.catalog]\n{catalog(s3)}\n[target]\ntable = "{target}"\n[target.catalog]\n{catalog(s3)}')
+    return subprocess.run([CDC, "sync", "--config", str(cfg), *args], capture_output=True, text=True)
+
+
+def test_sync_s3_to_s3(spark, s3, tmp_path):
+    version, mode, keyed, partitioned = TABLES["part_v2"]
+    src = f"{S3CAT}.db.s_part_v2"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    for s in workload(src, version, mode, keyed, partitioned):
+        spark.sql(s)
+    first = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()][1]
+    p = sync(tmp_path, s3, "db.s_part_v2", "repl.s_part_v2", "--to-snapshot", str(first))
+    assert p.returncode == 0, p.stderr
+    p = sync(tmp_path, s3, "db.s_part_v2", "repl.s_part_v2")
+    assert p.returncode == 0, p.stderr
+    want, got = rows(spark, src), rows(spark, f"{S3CAT}.repl.s_part_v2")
+    assert got == want, f"missing {want - got}, extra {got - want}"
+
+
+def test_large_files_upload_in_parts(spark, s3, tmp_path):
+    src = f"{S3CAT}.db.s_big"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, a STRING, b STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    # incompressible strings: ~25 MB of Parquet in one file
+    spark.range(0, 200000, 1, 1).selectExpr("id", "sha2(cast(id as string), 256) a", "sha2(cast(id * 7 as string), 512) b") \
+        .writeTo(src).append()
+    p = sync(tmp_path, s3, "db.s_big", "repl.s_big")
+    assert p.returncode == 0, p.stderr
+    tgt = f"{S3CAT}.repl.s_big"
+    assert rows(spark, tgt) == rows(spark, src)
+    biggest = spark.sql(f"SELECT max(file_size_in_bytes) m FROM {tgt}.files").collect()[0].m
+    assert biggest > 2 * 5 * 1024 * 1024, f"the largest target file ({biggest} B) is too small to have needed a multipart upload"
