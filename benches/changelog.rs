@@ -4,118 +4,15 @@
 //! number of rows with the arrow-rs Parquet writer.
 //!
 //! `cargo bench --bench changelog [-- --rows N --runs K]`. Prints a Markdown table (copied into README.md).
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Instant;
 
-use arrow_array::{ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
-use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, Type};
-use iceberg::table::Table;
-use iceberg::TableCreation;
-use iceberg_cdc::catalog::Catalog;
-use iceberg_cdc::config::Config;
-use iceberg_cdc::sink::iceberg::{files, rowdelta::RowDelta};
+use common::{build_table, hadoop_catalog, measure, pct, BenchTable, Measure};
 
 const CDC: &str = env!("CARGO_BIN_EXE_cdc");
-const CHUNK: usize = 250_000;
-
-fn schema() -> Schema {
-    Schema::builder()
-        .with_identifier_field_ids([1])
-        .with_fields(vec![
-            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
-            NestedField::optional(2, "customer", Type::Primitive(PrimitiveType::String)).into(),
-            NestedField::optional(3, "amount", Type::Primitive(PrimitiveType::Decimal { precision: 12, scale: 2 })).into(),
-            NestedField::optional(4, "updated_at", Type::Primitive(PrimitiveType::Timestamptz)).into(),
-            NestedField::optional(5, "quantity", Type::Primitive(PrimitiveType::Int)).into(),
-            NestedField::optional(6, "status", Type::Primitive(PrimitiveType::String)).into(),
-        ])
-        .build()
-        .unwrap()
-}
-
-fn batch(table: &Table, ids: impl Iterator<Item = i64>, version: i64) -> RecordBatch {
-    let ids: Vec<i64> = ids.collect();
-    let s = Arc::new(iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema()).unwrap());
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from(ids.clone())),
-        Arc::new(StringArray::from_iter_values(ids.iter().map(|i| format!("customer-{:08}", i % 100_000)))),
-        Arc::new(
-            Decimal128Array::from_iter_values(ids.iter().map(|i| (*i as i128 * 37 + version as i128) % 10_000_000))
-                .with_precision_and_scale(12, 2)
-                .unwrap(),
-        ),
-        Arc::new(
-            TimestampMicrosecondArray::from_iter_values(ids.iter().map(|i| 1_700_000_000_000_000 + i * 1_000 + version)).with_timezone("+00:00"),
-        ),
-        Arc::new(Int32Array::from_iter_values(ids.iter().map(|i| (i % 97) as i32 + version as i32))),
-        Arc::new(StringArray::from_iter_values(ids.iter().map(|i| ["new", "paid", "shipped", "done"][(i % 4) as usize]))),
-    ];
-    RecordBatch::try_new(s, cols).unwrap()
-}
-
-/// Returns the config, the data files the measured snapshot must read, their bytes, and the base snapshot id.
-async fn build_table(dir: &Path, rows: i64) -> (PathBuf, Vec<String>, u64, i64) {
-    let wh = dir.join("wh");
-    let text = format!(
-        "[source]\ntable = \"bench.orders\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n[engine]\nread_concurrency = 2\n",
-        wh.display()
-    );
-    let cfg_path = dir.join("bench.toml");
-    std::fs::write(&cfg_path, &text).unwrap();
-    let cfg = Config::parse(&text).unwrap();
-    let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
-    let creation = TableCreation::builder().name("orders".into()).schema(schema()).format_version(FormatVersion::V2).build();
-    let mut table = catalog.create_table("bench.orders", creation).await.unwrap();
-    // base data: one data file per chunk
-    let mut data_files = Vec::new();
-    let mut start = 0;
-    while start < rows {
-        let end = (start + CHUNK as i64).min(rows);
-        data_files.extend(files::write_data(&table, &[batch(&table, start..end, 0)]).await.unwrap());
-        start = end;
-    }
-    let mut paths: Vec<String> = data_files.iter().map(|f| f.file_path().to_string()).collect();
-    let mut bytes: u64 = data_files.iter().map(|f| f.file_size_in_bytes()).sum();
-    let c = RowDelta::new().add_data_files(data_files).prepare(&table).await.unwrap();
-    let base = c.snapshot_id;
-    table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
-    // the measured snapshot: update every 10th row, delete every 50th (+1 offset so they do not overlap)
-    let updated = (0..rows).step_by(10);
-    let deleted: Vec<i64> = (1..rows).step_by(50).collect();
-    let keys = batch(&table, updated.clone().chain(deleted.iter().copied()), 0);
-    let dels = files::write_equality_deletes(&table, vec![1], &[keys]).await.unwrap();
-    let new_rows = files::write_data(&table, &[batch(&table, updated, 1)]).await.unwrap();
-    paths.extend(new_rows.iter().map(|f| f.file_path().to_string()));
-    bytes += new_rows.iter().chain(&dels).map(|f| f.file_size_in_bytes()).sum::<u64>();
-    let c = RowDelta::new().add_delete_files(dels).add_data_files(new_rows).prepare(&table).await.unwrap();
-    catalog.commit(&table, c.requirements, c.updates).await.unwrap();
-    (cfg_path, paths, bytes, base)
-}
-
-struct Measure {
-    wall: f64,
-    cpu: f64,
-    rss_mb: f64,
-}
-
-/// Runs a child process and measures it with wait4 (CPU time and peak RSS of that child alone).
-#[allow(clippy::zombie_processes)] // reaped by wait4 below
-fn measure(cmd: &mut Command) -> Measure {
-    let started = Instant::now();
-    let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert_eq!(r, pid);
-    let wall = started.elapsed().as_secs_f64();
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "benchmark child failed");
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Measure { wall, cpu: tv(ru.ru_utime) + tv(ru.ru_stime), rss_mb: ru.ru_maxrss as f64 / 1024.0 }
-}
-
 /// The raw baseline, run as a child of this bench: read `files` with arrow-rs (2 threads), write `rows` rows.
 fn baseline(files: &[String], rows: usize, out: &Path) {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -161,11 +58,6 @@ fn baseline(files: &[String], rows: usize, out: &Path) {
     w.close().unwrap();
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--baseline-child") {
@@ -189,7 +81,7 @@ fn main() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let t0 = Instant::now();
-    let (cfg, files, bytes, base) = rt.block_on(build_table(&root, rows));
+    let BenchTable { config: cfg, files, bytes, base } = rt.block_on(build_table(&root, rows, &hadoop_catalog(&root), ""));
     eprintln!("bench: table with {rows} rows ({:.1} MB in {} files) built in {:.1}s", bytes as f64 / 1e6, files.len(), t0.elapsed().as_secs_f64());
 
     let out = root.join("changes.parquet");

@@ -285,6 +285,17 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 summary.source_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
                 summary.seconds
             );
+            let os = &summary.object_store;
+            if os.read_requests + os.objects_written > 0 {
+                eprintln!(
+                    "cdc: object store: {} reads / {:.1} MB, {} objects / {:.1} MB written, {} other requests",
+                    os.read_requests,
+                    os.read_bytes as f64 / 1e6,
+                    os.objects_written,
+                    os.written_bytes as f64 / 1e6,
+                    os.other_requests
+                );
+            }
         }
         Cmd::Quickstart { dir, changes_only } => {
             iceberg_cdc::quickstart::run(&dir, changes_only).await?;

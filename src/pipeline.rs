@@ -106,6 +106,9 @@ pub struct SyncSummary {
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
     pub seconds: f64,
+    /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
+    /// several pipelines at once it includes theirs).
+    pub object_store: crate::storage::IoStats,
 }
 
 /// What a caller that runs syncs repeatedly (the service) hands each run.
@@ -249,6 +252,7 @@ pub async fn run_once(
     mut on_commit: impl FnMut(&CommitReport),
 ) -> Result<SyncSummary> {
     let started = Instant::now();
+    let io0 = crate::storage::io_stats();
     let stop = control.stop.as_ref();
     let smeta = source.metadata();
     let name = &cfg.source.table;
@@ -380,6 +384,8 @@ pub async fn run_once(
     summary.retries = sink.retries();
     summary.target_created = sink.created();
     summary.seconds = started.elapsed().as_secs_f64();
+    // process-wide counters: exact for `cdc sync`, an upper bound when a service runs pipelines side by side
+    summary.object_store = crate::storage::io_stats().since(&io0);
     Ok(summary)
 }
 

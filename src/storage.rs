@@ -62,6 +62,57 @@ pub mod props {
     pub const PREFIXES: &[&str] = &["gcs.", "s3.", "client.", "io."];
 }
 
+/// Object-store traffic of this process (local files are not counted): what a run cost in requests and bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct IoStats {
+    /// GET requests (whole objects and ranges).
+    pub read_requests: u64,
+    pub read_bytes: u64,
+    /// Objects written (each may be several upload parts).
+    pub objects_written: u64,
+    pub written_bytes: u64,
+    /// Metadata requests: exists/stat/delete.
+    pub other_requests: u64,
+}
+
+mod counters {
+    use std::sync::atomic::AtomicU64;
+    pub(super) static READ_REQUESTS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static READ_BYTES: AtomicU64 = AtomicU64::new(0);
+    pub(super) static OBJECTS_WRITTEN: AtomicU64 = AtomicU64::new(0);
+    pub(super) static WRITTEN_BYTES: AtomicU64 = AtomicU64::new(0);
+    pub(super) static OTHER: AtomicU64 = AtomicU64::new(0);
+}
+
+fn count(c: &std::sync::atomic::AtomicU64, n: u64) {
+    c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Object-store traffic since the process started.
+pub fn io_stats() -> IoStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    IoStats {
+        read_requests: counters::READ_REQUESTS.load(Relaxed),
+        read_bytes: counters::READ_BYTES.load(Relaxed),
+        objects_written: counters::OBJECTS_WRITTEN.load(Relaxed),
+        written_bytes: counters::WRITTEN_BYTES.load(Relaxed),
+        other_requests: counters::OTHER.load(Relaxed),
+    }
+}
+
+impl IoStats {
+    /// Traffic between `earlier` and `self`.
+    pub fn since(&self, earlier: &IoStats) -> IoStats {
+        IoStats {
+            read_requests: self.read_requests - earlier.read_requests,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            objects_written: self.objects_written - earlier.objects_written,
+            written_bytes: self.written_bytes - earlier.written_bytes,
+            other_requests: self.other_requests - earlier.other_requests,
+        }
+    }
+}
+
 /// Credentials laid over a table's static storage properties, renewed by their owner.
 pub trait StorageCredentials: fmt::Debug + Send + Sync {
     /// The properties to use now (e.g. `gcs.oauth2.token`); callers compare them to decide whether to rebuild.
@@ -339,7 +390,10 @@ struct Reader(opendal::Reader, String);
 #[async_trait]
 impl FileRead for Reader {
     async fn read(&self, range: Range<u64>) -> iceberg::Result<Bytes> {
-        Ok(self.0.read(range).await.map_err(|e| from_opendal(&self.1, e))?.to_bytes())
+        let b = self.0.read(range).await.map_err(|e| from_opendal(&self.1, e))?.to_bytes();
+        count(&counters::READ_REQUESTS, 1);
+        count(&counters::READ_BYTES, b.len() as u64);
+        Ok(b)
     }
 }
 
@@ -348,11 +402,16 @@ struct Writer(opendal::Writer, String);
 #[async_trait]
 impl FileWrite for Writer {
     async fn write(&mut self, bs: Bytes) -> iceberg::Result<()> {
-        self.0.write(bs).await.map_err(|e| from_opendal(&self.1, e))
+        let n = bs.len() as u64;
+        self.0.write(bs).await.map_err(|e| from_opendal(&self.1, e))?;
+        count(&counters::WRITTEN_BYTES, n);
+        Ok(())
     }
 
     async fn close(&mut self) -> iceberg::Result<()> {
-        self.0.close().await.map(|_| ()).map_err(|e| from_opendal(&self.1, e))
+        self.0.close().await.map_err(|e| from_opendal(&self.1, e))?;
+        count(&counters::OBJECTS_WRITTEN, 1);
+        Ok(())
     }
 }
 
@@ -364,6 +423,7 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().exists(path).await;
         }
         let (op, key) = self.op(path).await?;
+        count(&counters::OTHER, 1);
         op.exists(key).await.map_err(|e| from_opendal(path, e))
     }
 
@@ -372,6 +432,7 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().metadata(path).await;
         }
         let (op, key) = self.op(path).await?;
+        count(&counters::OTHER, 1);
         let m = op.stat(key).await.map_err(|e| from_opendal(path, e))?;
         Ok(FileMetadata { size: m.content_length() })
     }
@@ -381,7 +442,10 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().read(path).await;
         }
         let (op, key) = self.op(path).await?;
-        Ok(op.read(key).await.map_err(|e| from_opendal(path, e))?.to_bytes())
+        let b = op.read(key).await.map_err(|e| from_opendal(path, e))?.to_bytes();
+        count(&counters::READ_REQUESTS, 1);
+        count(&counters::READ_BYTES, b.len() as u64);
+        Ok(b)
     }
 
     async fn reader(&self, path: &str) -> iceberg::Result<Box<dyn FileRead>> {
@@ -397,7 +461,11 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().write(path, bs).await;
         }
         let (op, key) = self.op(path).await?;
-        op.write(key, bs).await.map(|_| ()).map_err(|e| from_opendal(path, e))
+        let n = bs.len() as u64;
+        op.write(key, bs).await.map_err(|e| from_opendal(path, e))?;
+        count(&counters::OBJECTS_WRITTEN, 1);
+        count(&counters::WRITTEN_BYTES, n);
+        Ok(())
     }
 
     async fn writer(&self, path: &str) -> iceberg::Result<Box<dyn FileWrite>> {
@@ -415,6 +483,7 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().delete(path).await;
         }
         let (op, key) = self.op(path).await?;
+        count(&counters::OTHER, 1);
         op.delete(key).await.map_err(|e| from_opendal(path, e))
     }
 
