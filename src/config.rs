@@ -16,8 +16,143 @@ pub struct Config {
     pub source: SourceConfig,
     /// Where `cdc sync` writes; not needed by `cdc changes`.
     pub target: Option<TargetConfig>,
+    /// A Kafka topic `cdc sync` publishes the changes to (alone, or beside `[target]`).
+    pub kafka: Option<KafkaConfig>,
     #[serde(default)]
     pub engine: EngineConfig,
+}
+
+/// Value encoding of Kafka messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaFormat {
+    /// The change row as `cdc changes` prints it.
+    #[default]
+    Json,
+    /// Debezium's envelope (`before`, `after`, `op`, `source`, `ts_ms`).
+    Debezium,
+}
+
+/// Where a Kafka sink without progress starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaInitial {
+    /// The table at its current snapshot (`r` messages), then its changes.
+    #[default]
+    Snapshot,
+    /// Only changes after the current snapshot.
+    Latest,
+    /// Every change from the first snapshot.
+    Earliest,
+}
+
+/// A Kafka sink: the change stream of one source table on one topic, exactly once (transactions).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `host:port[,host:port]`.
+    pub bootstrap_servers: String,
+    /// Topic name; `{namespace}`, `{table}` and `{pipeline}` are replaced.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    #[serde(default)]
+    pub format: KafkaFormat,
+    /// Debezium: a tombstone (key, null value) after each delete, for compacted topics.
+    #[serde(default = "default_true")]
+    pub tombstones: bool,
+    /// Debezium: Kafka Connect JSON framing (`schema` + `payload`) for `JsonConverter` with `schemas.enable=true`.
+    #[serde(default)]
+    pub schemas_enable: bool,
+    #[serde(default)]
+    pub initial: KafkaInitial,
+    /// Compacted topic of the sinks' progress records (created when missing).
+    #[serde(default = "default_progress_topic")]
+    pub progress_topic: String,
+    /// Stable per pipeline; a second instance with the same id fences the first. Default: `cdc-{pipeline}`.
+    pub transactional_id: Option<String>,
+    /// A transaction holds at most this many change rows (a larger snapshot spans several; progress is written
+    /// with the last, and a restart resumes inside the snapshot).
+    #[serde(default = "default_txn_rows")]
+    pub max_transaction_rows: u64,
+    /// ... and at most this many bytes of messages.
+    #[serde(default = "default_txn_bytes", deserialize_with = "de_bytes")]
+    pub max_transaction_bytes: u64,
+    /// Source snapshots one transaction may cover at most (default 1000).
+    pub snapshots_per_commit: Option<usize>,
+    /// `google`: SASL OAUTHBEARER with Google access tokens (Google Cloud Managed Service for Apache Kafka).
+    pub auth: Option<String>,
+    /// Passed to librdkafka as they are (compression.type, linger.ms, security.protocol, sasl.*, ssl.*, ...).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_topic() -> String {
+    "cdc.{namespace}.{table}".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_progress_topic() -> String {
+    "cdc-progress".into()
+}
+fn default_txn_rows() -> u64 {
+    100_000
+}
+fn default_txn_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+pub(crate) const KAFKA_KEYS: &[&str] = &[
+    "bootstrap_servers",
+    "topic",
+    "format",
+    "tombstones",
+    "schemas_enable",
+    "initial",
+    "progress_topic",
+    "transactional_id",
+    "max_transaction_rows",
+    "max_transaction_bytes",
+    "snapshots_per_commit",
+    "auth",
+    "properties",
+];
+
+impl KafkaConfig {
+    /// Every problem of this section (`at`: where it is, for messages).
+    pub fn validate(&self, at: &str, p: &mut Vec<String>) {
+        if self.bootstrap_servers.trim().is_empty() {
+            p.push(format!("{at}.bootstrap_servers: required (host:port of the brokers)"));
+        }
+        if self.topic.trim().is_empty() {
+            p.push(format!("{at}.topic: must not be empty"));
+        }
+        if self.progress_topic.trim().is_empty() || self.progress_topic == self.topic {
+            p.push(format!("{at}.progress_topic: must be a topic of its own"));
+        }
+        if self.max_transaction_rows == 0 {
+            p.push(format!("{at}.max_transaction_rows: must be at least 1"));
+        }
+        if self.max_transaction_bytes < 1024 * 1024 {
+            p.push(format!("{at}.max_transaction_bytes: below the 1MiB minimum"));
+        }
+        if self.snapshots_per_commit == Some(0) {
+            p.push(format!("{at}.snapshots_per_commit: must be at least 1"));
+        }
+        if let Some(a) = &self.auth {
+            if a != "google" {
+                p.push(format!("{at}.auth: `{a}` — the only value is `google` (OAUTHBEARER with Google tokens)"));
+            }
+        }
+        if self.format == KafkaFormat::Json && self.schemas_enable {
+            p.push(format!("{at}.schemas_enable: only for format = \"debezium\""));
+        }
+        for k in ["transactional.id", "enable.idempotence", "isolation.level", "bootstrap.servers"] {
+            if self.properties.contains_key(k) {
+                p.push(format!("{at}.properties.{k}: set by cdc (exactly-once needs its own value); remove it"));
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -239,7 +374,7 @@ pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::r
 }
 
 /// Keys each section takes (catalog sections pass unknown keys on as catalog properties).
-const TOP_KEYS: &[&str] = &["source", "target", "engine"];
+const TOP_KEYS: &[&str] = &["source", "target", "kafka", "engine"];
 const SOURCE_KEYS: &[&str] = &["table", "key_columns", "catalog"];
 pub(crate) const TARGET_KEYS: &[&str] = &[
     "table",
@@ -296,6 +431,7 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
     unknown_in("", Some(value), TOP_KEYS, &mut out);
     unknown_in("source", value.get("source"), SOURCE_KEYS, &mut out);
     unknown_in("target", value.get("target"), TARGET_KEYS, &mut out);
+    unknown_in("kafka", value.get("kafka"), KAFKA_KEYS, &mut out);
     unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
     out
 }
@@ -325,6 +461,9 @@ impl Config {
                     p.push(format!("source.key_columns: `{k}` is listed twice"));
                 }
             }
+        }
+        if let Some(k) = &self.kafka {
+            k.validate("kafka", &mut p);
         }
         if let Some(t) = &self.target {
             validate_table_name("target.table", &t.table, &mut p);

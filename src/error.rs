@@ -19,6 +19,8 @@ pub mod exit {
     pub const CANCELLED: i32 = 11;
     /// Credentials missing, refused, or their issuer unreachable.
     pub const AUTH: i32 = 12;
+    /// Kafka unreachable or refusing, or this instance fenced by another one of the same pipeline.
+    pub const KAFKA: i32 = 13;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,12 @@ pub enum Error {
 
     #[error("authentication ({source_name}): {message}")]
     Auth { source_name: String, message: String, retryable: bool },
+
+    #[error("Kafka ({what}): {message}")]
+    Kafka { what: String, message: String, retryable: bool },
+
+    #[error("another instance with transactional.id `{transactional_id}` took over this pipeline (fenced); this instance stops it — run one instance per pipeline, or give each its own `transactional_id`")]
+    Fenced { transactional_id: String },
 
     #[error("commit to `{table}` conflicted with another writer: {message}")]
     Conflict { table: String, message: String },
@@ -81,7 +89,7 @@ impl Error {
     /// Whether the same call may succeed later without the user changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } => *retryable,
+            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } | Error::Kafka { retryable, .. } => *retryable,
             Error::Conflict { .. } => true,
             Error::Iceberg(e) => e.retryable(),
             _ => false,
@@ -94,6 +102,8 @@ impl Error {
             Error::Config(_) | Error::ConfigFile { .. } => "config",
             Error::Catalog { .. } => "catalog",
             Error::Auth { .. } => "auth",
+            Error::Kafka { .. } => "kafka",
+            Error::Fenced { .. } => "fenced",
             Error::Conflict { .. } => "conflict",
             Error::TableNotFound { .. } => "not_found",
             Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. } => "expired",
@@ -112,7 +122,13 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Error::Config(_) | Error::Key(_) | Error::Schema(_) | Error::Range(_) | Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. }
+            Error::Config(_)
+                | Error::Key(_)
+                | Error::Schema(_)
+                | Error::Range(_)
+                | Error::SnapshotNotFound { .. }
+                | Error::ExpiredParent { .. }
+                | Error::Fenced { .. }
         )
     }
 
@@ -121,6 +137,7 @@ impl Error {
             Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
             Error::Catalog { .. } | Error::Conflict { .. } => exit::CATALOG,
             Error::Auth { .. } => exit::AUTH,
+            Error::Kafka { .. } | Error::Fenced { .. } => exit::KAFKA,
             Error::TableNotFound { .. } => exit::NOT_FOUND,
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::output::{ChangeWriter, WriterSink};
 use crate::sink::iceberg::sink::IcebergSink;
-use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
+use crate::sink::{Chunk, CommitStats, Committed, Initial, Sink, SourceInfo};
 use crate::source::changelog::{self, ChangelogScan, DeleteCache, ScanOptions, SnapshotStats};
 use crate::spec::lineage::{self, Bound};
 
@@ -106,6 +106,9 @@ pub struct SyncSummary {
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
     pub seconds: f64,
+    /// The Kafka sink's run when `cdc sync` has both `[target]` and `[kafka]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<Box<SyncSummary>>,
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
     /// several pipelines at once it includes theirs).
     pub object_store: crate::storage::IoStats,
@@ -139,6 +142,8 @@ enum Start {
     Bootstrap,
     /// Apply the changes after this source snapshot.
     After(i64),
+    /// Apply every change from the source's first snapshot (a sink that starts at the beginning).
+    Beginning,
     /// The target is already at or past the end of the range.
     Done(i64),
 }
@@ -175,7 +180,7 @@ impl SyncSource<'_> {
 }
 
 /// Decides where to start from the recorded progress (source snapshot id) and `--from`.
-fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Option<i64>) -> Result<Start> {
+fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Option<i64>, initial: Initial) -> Result<Start> {
     let meta = src.table.metadata();
     let name = src.name();
     let end = src.end.snapshot_id();
@@ -192,9 +197,10 @@ fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Opt
         }
     }
     let Some(p) = recorded else {
-        return Ok(match from {
-            Some(a) => Start::After(a),
-            None => Start::Bootstrap,
+        return Ok(match (from, initial) {
+            (Some(a), _) => Start::After(a),
+            (None, Initial::Copy) => Start::Bootstrap,
+            (None, Initial::Beginning) => Start::Beginning,
         });
     };
     if meta.snapshot_by_id(p).is_none() {
@@ -227,14 +233,32 @@ fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Opt
 /// target head (and schema) it was planned on. When another writer moved the target, the commit fails, the target is
 /// reloaded, and if the recorded progress is no longer the plan's start the run re-plans from the new progress —
 /// never re-applying a range and never moving the progress backwards.
-pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
-    let tcfg = cfg.target.as_ref().ok_or_else(|| Error::Config(vec!["[target]: required for `cdc sync` (table and catalog to write to)".into()]))?;
+pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut on_commit: impl FnMut(&CommitReport)) -> Result<SyncSummary> {
+    if cfg.target.is_none() && cfg.kafka.is_none() {
+        return Err(Error::Config(vec!["[target] or [kafka]: `cdc sync` needs a destination (an Iceberg table, a Kafka topic, or both)".into()]));
+    }
     let (_, source) = load_source(cfg).await?;
-    let target = Catalog::connect(&tcfg.catalog, "target").await?;
-    let mut sink = IcebergSink::new(&target, tcfg.clone());
-    let mut summary = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), on_commit).await?;
-    summary.target_table = tcfg.table.clone();
-    Ok(summary)
+    let mut summary = None;
+    if let Some(tcfg) = &cfg.target {
+        let target = Catalog::connect(&tcfg.catalog, "target").await?;
+        let mut sink = IcebergSink::new(&target, tcfg.clone());
+        let mut s = run_once(cfg, &source, &mut sink, from.clone(), to.clone(), &RunControl::default(), &mut on_commit).await?;
+        s.target_table = tcfg.table.clone();
+        summary = Some(s);
+    }
+    if let Some(k) = &cfg.kafka {
+        // the republisher: the pipeline of a one-shot sync is named after its source table
+        let mut sink = crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table));
+        let s = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), &mut on_commit).await?;
+        summary = Some(match summary {
+            None => s,
+            Some(mut first) => {
+                first.kafka = Some(Box::new(s));
+                first
+            }
+        });
+    }
+    Ok(summary.expect("a destination ran"))
 }
 
 /// The runner: replicates the source range `(from, to]` into `sink`, one commit per chunk of source snapshots, each
@@ -283,7 +307,7 @@ pub async fn run_once(
     let mut replans = 0u32;
     'plan: loop {
         let recorded = sink.recorded(&info).await?;
-        let start = decide_start(&src, &label, from_id, recorded)?;
+        let start = decide_start(&src, &label, from_id, recorded, sink.initial())?;
         let (first_schema, bootstrap) = match start {
             Start::Done(p) => {
                 if replans == 0 && p != src.end.snapshot_id() {
@@ -294,6 +318,7 @@ pub async fn run_once(
             }
             Start::Bootstrap => (src.schema_at(&src.end), true),
             Start::After(a) => (src.schema_at(&src.snapshot(a)?), false),
+            Start::Beginning => (src.schema_at(&src.end), false),
         };
         // Re-check on the state the sink will commit on: it may have changed since `recorded`.
         if sink.prepare(&info, &first_schema, bootstrap).await? != recorded {
@@ -304,9 +329,14 @@ pub async fn run_once(
             Start::Bootstrap => {
                 vec![Chunk { snapshots: vec![src.end.clone()], bootstrap: true, schema: first_schema, base: None, must_commit: true }]
             }
-            Start::After(a) => {
-                let snapshots = lineage::resolve_range(name, smeta, Some(Bound::Snapshot(a)), Some(Bound::Snapshot(src.end.snapshot_id())))?;
-                let groups: Vec<_> = snapshots.chunks(cfg.target.as_ref().and_then(|t| t.snapshots_per_commit).unwrap_or(1)).collect();
+            Start::After(_) | Start::Beginning => {
+                let lower = match start {
+                    Start::After(a) => Some(Bound::Snapshot(a)),
+                    _ => None,
+                };
+                let snapshots = lineage::resolve_range(name, smeta, lower, Some(Bound::Snapshot(src.end.snapshot_id())))?;
+                let per_commit = sink.snapshots_per_commit().or(cfg.target.as_ref().and_then(|t| t.snapshots_per_commit)).unwrap_or(1);
+                let groups: Vec<_> = snapshots.chunks(per_commit).collect();
                 let n = groups.len();
                 groups
                     .into_iter()

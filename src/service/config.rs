@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{unknown_in, CatalogConfig, Config, EngineConfig, SourceConfig, TargetConfig, ENGINE_KEYS, TARGET_KEYS};
+use crate::config::{unknown_in, CatalogConfig, Config, EngineConfig, KafkaConfig, SourceConfig, TargetConfig, ENGINE_KEYS, KAFKA_KEYS, TARGET_KEYS};
 use crate::error::{Error, Result};
 
 /// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
@@ -102,13 +102,16 @@ pub struct PipelineSource {
 pub enum SinkConfig {
     /// A target Iceberg table (the keys of `cdc sync`'s `[target]`, with `catalog` naming a `[catalogs.<name>]`).
     Iceberg(TargetConfig<String>),
+    /// A Kafka topic (the keys of `cdc sync`'s `[kafka]`).
+    Kafka(KafkaConfig),
 }
 
 impl SinkConfig {
-    /// `iceberg:<table>`: how the sink is named in logs and metrics.
+    /// `iceberg:<table>` / `kafka:<topic>`: how the sink is named in logs and metrics.
     pub fn label(&self) -> String {
         match self {
             SinkConfig::Iceberg(t) => format!("iceberg:{}", t.table),
+            SinkConfig::Kafka(k) => format!("kafka:{}", k.topic),
         }
     }
 }
@@ -167,9 +170,10 @@ impl ServiceConfig {
             }
             let mut labels = HashSet::new();
             for (j, s) in pl.sinks.iter().enumerate() {
-                let SinkConfig::Iceberg(t) = s;
-                if !self.catalogs.contains_key(&t.catalog) {
-                    p.push(format!("{at}.sinks[{j}].catalog: no [catalogs.{}] section", t.catalog));
+                if let SinkConfig::Iceberg(t) = s {
+                    if !self.catalogs.contains_key(&t.catalog) {
+                        p.push(format!("{at}.sinks[{j}].catalog: no [catalogs.{}] section", t.catalog));
+                    }
                 }
                 if !labels.insert(s.label()) {
                     p.push(format!("{at}.sinks[{j}]: {} is listed twice", s.label()));
@@ -195,12 +199,13 @@ impl ServiceConfig {
                 continue;
             };
             for s in &pl.sinks {
-                let SinkConfig::Iceberg(t) = s;
-                let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
-                let config = Config {
-                    source: SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() },
-                    target: Some(t.clone().with_catalog(tcat.clone())),
-                    engine: self.engine.clone(),
+                let source = SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() };
+                let config = match s {
+                    SinkConfig::Iceberg(t) => {
+                        let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
+                        Config { source, target: Some(t.clone().with_catalog(tcat.clone())), kafka: None, engine: self.engine.clone() }
+                    }
+                    SinkConfig::Kafka(k) => Config { source, target: None, kafka: Some(k.clone()), engine: self.engine.clone() },
                 };
                 out.push(Run {
                     pipeline: pl.name.clone(),
@@ -226,12 +231,14 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
     unknown_in("", Some(value), TOP_KEYS, &mut out);
     unknown_in("service", value.get("service"), SERVICE_KEYS, &mut out);
     unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
-    let sink_keys: Vec<&str> = TARGET_KEYS.iter().copied().chain(["type"]).collect();
+    let iceberg_keys: Vec<&str> = TARGET_KEYS.iter().copied().chain(["type"]).collect();
+    let kafka_keys: Vec<&str> = KAFKA_KEYS.iter().copied().chain(["type"]).collect();
     for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
         unknown_in(&format!("pipelines[{i}]"), Some(pl), PIPELINE_KEYS, &mut out);
         unknown_in(&format!("pipelines[{i}].source"), pl.get("source"), PIPELINE_SOURCE_KEYS, &mut out);
         for (j, s) in pl.get("sinks").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
-            unknown_in(&format!("pipelines[{i}].sinks[{j}]"), Some(s), &sink_keys, &mut out);
+            let keys = if s.get("type").and_then(toml::Value::as_str) == Some("kafka") { &kafka_keys } else { &iceberg_keys };
+            unknown_in(&format!("pipelines[{i}].sinks[{j}]"), Some(s), keys, &mut out);
         }
     }
     out

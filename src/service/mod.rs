@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::pipeline;
 use crate::sink::iceberg::progress;
 use crate::sink::iceberg::sink::IcebergSink;
+use crate::sink::kafka::KafkaSink;
 use crate::spec::lineage;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
@@ -194,6 +195,8 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
     }
     let mut catalogs: Option<(Catalog, Catalog)> = None;
+    // a Kafka sink keeps its producer (and the pipeline's transactional id) across polls
+    let mut kafka: Option<(Catalog, KafkaSink)> = None;
     // delete files stay read across polls (bounded to what the source still references)
     let cache = Arc::new(crate::source::changelog::DeleteCache::default());
     let mut failures = 0u32;
@@ -204,7 +207,10 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         if *stop.borrow() {
             break;
         }
-        let polled = poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await;
+        let polled = match &cfg.kafka {
+            Some(k) => poll_kafka(&cfg, k, &run, &mut kafka, &stop, &cache, &labels, &telemetry).await,
+            None => poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await,
+        };
         let wait = match polled {
             Ok(()) => {
                 failures = 0;
@@ -221,6 +227,9 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
                 if matches!(e, Error::Catalog { .. }) {
                     catalogs = None; // reconnect next time
                 }
+                if matches!(e, Error::Kafka { .. }) {
+                    kafka = None; // a new producer: it aborts what the failed one left open
+                }
                 failures += 1;
                 let base = run.poll_interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
                 let jitter = Duration::from_millis(uuid::Uuid::new_v4().as_u64_pair().0 % (base.as_millis() as u64 / 4 + 1));
@@ -233,6 +242,45 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
             break;
         }
     }
+}
+
+/// One poll of a Kafka sink: publish what is new since its progress (kept in memory between polls: this instance
+/// fenced every other one when it connected).
+#[allow(clippy::too_many_arguments)]
+async fn poll_kafka(
+    cfg: &crate::config::Config,
+    k: &crate::config::KafkaConfig,
+    run: &Run,
+    state: &mut Option<(Catalog, KafkaSink)>,
+    stop: &watch::Receiver<bool>,
+    cache: &Arc<crate::source::changelog::DeleteCache>,
+    labels: &RunLabels,
+    telemetry: &Telemetry,
+) -> Result<()> {
+    if state.is_none() {
+        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
+        *state = Some((s, KafkaSink::new(k.clone(), run.pipeline.clone())));
+    }
+    let (scat, sink) = state.as_mut().expect("just connected");
+    let source = scat.load_table(&cfg.source.table).await?;
+    let meta = source.metadata();
+    if let Some(p) = sink.progress_snapshot() {
+        if meta.current_snapshot_id() == Some(p) {
+            telemetry.polled(labels, 0.0, 0);
+            return Ok(());
+        }
+    }
+    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
+    let summary = pipeline::run_once(cfg, &source, sink, None, None, &control, |r| telemetry.committed(labels, r)).await?;
+    telemetry.synced(labels, &summary);
+    let (secs, n) = {
+        let pending = pending_snapshots(meta, summary.source_snapshot_id.or(sink.progress_snapshot()));
+        let oldest = pending.first().map(|s| s.timestamp_ms());
+        let now = chrono::Utc::now().timestamp_millis();
+        (oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0), pending.len() as u64)
+    };
+    telemetry.polled(labels, secs, n);
+    Ok(())
 }
 
 /// One poll: compare the source head with the target's recorded progress; apply what is new.
@@ -319,7 +367,24 @@ pub async fn check(path: &Path) -> Result<bool> {
     let cfg = ServiceConfig::load(path)?;
     let mut ok = true;
     for r in cfg.runs() {
-        let tcfg = r.config.target.as_ref().expect("service runs always have a target");
+        let Some(tcfg) = r.config.target.as_ref() else {
+            // a Kafka sink: reaching the source is what can be checked without taking over the pipeline (a
+            // producer with its transactional id would fence a running instance)
+            let line = async {
+                let s = Catalog::connect(&r.config.source.catalog, "source").await?;
+                let source = s.load_table(&r.config.source.table).await?;
+                Ok::<_, Error>(format!("source {} at snapshot {}", r.config.source.table, source.metadata().current_snapshot_id().map(|h| h.to_string()).unwrap_or("-".into())))
+            }
+            .await;
+            match line {
+                Ok(l) => println!("ok    {} ({}): {l}", r.pipeline, r.sink),
+                Err(e) => {
+                    ok = false;
+                    println!("FAIL  {} ({}): {e}", r.pipeline, r.sink);
+                }
+            }
+            continue;
+        };
         let line = async {
             let s = Catalog::connect(&r.config.source.catalog, "source").await?;
             let t = Catalog::connect(&tcfg.catalog, "target").await?;

@@ -10,6 +10,7 @@
 //! A sink that finds its progress moved by another writer answers [`Committed::Replan`]; the runner then plans again
 //! from what the sink records — never re-applying a range, never moving progress backwards.
 pub mod iceberg;
+pub mod kafka;
 
 use ::iceberg::spec::{SchemaRef, SnapshotRef, TableMetadataRef};
 use arrow_array::RecordBatch;
@@ -78,10 +79,27 @@ pub enum Committed {
     Replan,
 }
 
+/// Where a sink without recorded progress starts (when the run has no `--from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Initial {
+    /// A copy of the source at the end of the range, then its changes.
+    Copy,
+    /// Every change from the source's first snapshot.
+    Beginning,
+}
+
 /// A destination of change rows, driven by the runner. Object-safe: the runner holds a `&mut dyn Sink`.
 pub trait Sink: Send {
     /// How the sink is named in logs, metrics and summaries (`iceberg:<table>`).
     fn label(&self) -> String;
+    /// Where to start without recorded progress.
+    fn initial(&self) -> Initial {
+        Initial::Copy
+    }
+    /// Source snapshots one commit may cover (`None`: the runner's default).
+    fn snapshots_per_commit(&self) -> Option<usize> {
+        None
+    }
     /// Reloads the sink's state; the source snapshot its recorded progress is at (`None`: nothing recorded).
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>>;
     /// Makes the sink ready for commits starting from rows of `schema`, creating what is missing. `bootstrap`: the

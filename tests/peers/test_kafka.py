@@ -1,0 +1,196 @@
+"""The Kafka republisher against a real broker: Apache Kafka 4.1 in KRaft mode (scripts/kafka.sh, from Maven Central
+jars), read back by a consumer that is not ours (confluent-kafka, `read_committed`) and by a Kafka Connect worker
+(JsonConverter with schemas, FileStreamSink). Sources are the Spark-written tables of the other peer tests."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter, defaultdict
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from conftest import CDC, ROOT, cdc_changes, run_cdc, write_config
+from spark_workloads import CAT
+
+KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka.sh")
+
+
+@pytest.fixture(scope="session")
+def kafka(warehouse):
+    state = os.path.join(warehouse, "kafka")
+    p = subprocess.run(["bash", KAFKA_SCRIPT, "start", state], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"Kafka did not start: {p.stderr}")
+    yield {"bootstrap": p.stdout.strip(), "state": state}
+    subprocess.run(["bash", KAFKA_SCRIPT, "stop", state])
+
+
+def consume(bootstrap, topic, expect=None, idle=8.0, limit=180.0):
+    """Every committed message of `topic` (read_committed), in partition order: (partition, key, value, headers)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    c.subscribe([topic])
+    out, last, start = [], time.time(), time.time()
+    try:
+        while time.time() - start < limit:
+            m = c.poll(0.5)
+            if m is None:
+                if (expect is not None and len(out) >= expect and time.time() - last > 1.0) or time.time() - last > idle:
+                    break
+                continue
+            if m.error():
+                continue
+            last = time.time()
+            out.append((m.partition(), m.key().decode() if m.key() else None, m.value().decode() if m.value() is not None else None,
+                        dict((k, v.decode()) for k, v in (m.headers() or []))))
+    finally:
+        c.close()
+    return out
+
+
+def kafka_section(bootstrap, topic, **extra):
+    lines = [f'bootstrap_servers = "{bootstrap}"', f'topic = "{topic}"', f'progress_topic = "{topic}-progress"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    return "[kafka]\n" + "\n".join(lines) + "\n"
+
+
+def config(tmp_path, warehouse, table, section, name="cdc.toml"):
+    return write_config(str(tmp_path / name), table, warehouse, target=section)
+
+
+def key_of(row):
+    return json.dumps({"id": row["id"]}, separators=(",", ":"))
+
+
+def test_json_stream_equals_the_changes_exactly_once(spark_tables, warehouse, kafka, tmp_path):
+    topic = f"json-{uuid.uuid4().hex[:8]}"
+    cfg = config(tmp_path, warehouse, "db.mor_v2", kafka_section(kafka["bootstrap"], topic, initial="earliest", max_transaction_rows=5))
+    run_cdc("sync", "--config", cfg)
+    run_cdc("sync", "--config", cfg)  # nothing new: publishes nothing
+    want = cdc_changes(config(tmp_path, warehouse, "db.mor_v2", "", "changes.toml"))
+    got = consume(kafka["bootstrap"], topic, expect=len(want))
+    values = [json.loads(v) for _, _, v, _ in got]
+    assert len(values) == len(want), f"{len(values)} messages for {len(want)} changes"
+    strip = lambda r: {k: v for k, v in r.items() if k != "_change_ordinal"}  # noqa: E731 - per-chunk ordinals
+    assert Counter(json.dumps(strip(r), sort_keys=True) for r in values) == Counter(json.dumps(strip(r), sort_keys=True) for r in want)
+    # in order per key, each key on one partition, key = the key columns
+    by_key, parts = defaultdict(list), defaultdict(set)
+    for (p, k, v, h) in got:
+        r = json.loads(v)
+        assert k == key_of(r)
+        parts[k].add(p)
+        by_key[k].append((r["_commit_snapshot_sequence_number"], r["_change_type"]))
+        assert h["cdc.change_type"] == r["_change_type"] and int(h["cdc.snapshot_id"]) == r["_commit_snapshot_id"]
+        assert "cdc.sequence_number" in h and "cdc.ordinal" in h
+    assert all(len(s) == 1 for s in parts.values())
+    wanted_by_key = defaultdict(list)
+    for r in want:
+        wanted_by_key[key_of(r)].append((r["_commit_snapshot_sequence_number"], r["_change_type"]))
+    assert dict(by_key) == dict(wanted_by_key)
+
+
+def fold(messages):
+    """The table a Debezium consumer ends up with."""
+    state = {}
+    for _, k, v, _ in messages:
+        if v is None:
+            continue
+        e = json.loads(v)
+        e = e.get("payload", e)
+        if e["op"] in ("c", "r", "u"):
+            state[k] = e["after"]
+        elif e["op"] == "d":
+            state.pop(k, None)
+    return state
+
+
+def spark_rows(spark, table):
+    return {key_of(r.asDict()): r.asDict() for r in spark.table(table).collect()}
+
+
+def test_debezium_snapshot_then_changes(spark, spark_tables, warehouse, kafka, tmp_path):
+    topic = f"dbz-{uuid.uuid4().hex[:8]}"
+    src = f"{CAT}.db.cow_v2"
+    snaps = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()]
+    cfg = config(tmp_path, warehouse, "db.cow_v2", kafka_section(kafka["bootstrap"], topic, format="debezium"))
+    run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[3]))
+    run_cdc("sync", "--config", cfg)
+    got = consume(kafka["bootstrap"], topic)
+    ops = Counter(json.loads(v)["op"] if v else "tombstone" for _, _, v, _ in got)
+    assert ops["r"] > 0 and ops["u"] > 0 and ops["d"] > 0 and ops["c"] > 0, ops
+    assert ops["tombstone"] == ops["d"], "a tombstone follows each delete"
+    first = json.loads(got[0][2])
+    assert first["source"]["connector"] == "iceberg" and first["source"]["db"] == "db" and first["source"]["table"] == "cow_v2"
+    state = fold(got)
+    want = spark_rows(spark, src)
+    assert set(state) == set(want)
+    for k, row in want.items():
+        assert state[k]["name"] == row["name"], k
+        assert state[k]["cat"] == row["cat"], k
+
+
+def test_sigkills_mid_stream_still_exactly_once(spark_tables, warehouse, kafka, tmp_path):
+    topic = f"kill-{uuid.uuid4().hex[:8]}"
+    cfg = config(tmp_path, warehouse, "db.part_v2", kafka_section(kafka["bootstrap"], topic, initial="earliest", max_transaction_rows=3, snapshots_per_commit=2))
+    rng = random.Random(7)
+    killed = 0
+    for _ in range(20):
+        p = subprocess.Popen([CDC, "sync", "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.05, 1.5))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            killed += 1
+        p.wait()
+    run_cdc("sync", "--config", cfg)
+    want = cdc_changes(config(tmp_path, warehouse, "db.part_v2", "", "changes.toml"))
+    got = consume(kafka["bootstrap"], topic, expect=len(want))
+    strip = lambda r: {k: v for k, v in r.items() if k != "_change_ordinal"}  # noqa: E731
+    got_rows = Counter(json.dumps(strip(json.loads(v)), sort_keys=True) for _, _, v, _ in got)
+    want_rows = Counter(json.dumps(strip(r), sort_keys=True) for r in want)
+    assert got_rows == want_rows, f"{killed} kills: missing {sum((want_rows - got_rows).values())}, duplicated {sum((got_rows - want_rows).values())}"
+    assert killed >= 5, f"only {killed} runs were killed mid-stream"
+
+
+def test_second_instance_fences_the_first(spark, warehouse, kafka, tmp_path):
+    topic = f"fence-{uuid.uuid4().hex[:8]}"
+    src = f"{CAT}.db.fence_src"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, name STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO {src} VALUES (1, 'a'), (2, 'b')")
+    svc = tmp_path / "service.toml"
+    svc.write_text(
+        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
+        f'[[pipelines]]\nname = "fenced"\nsource = {{ catalog = "lake", table = "db.fence_src" }}\n\n'
+        f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\n'
+    )
+    logs = [open(tmp_path / f"svc{i}.log", "w") for i in range(2)]
+    first = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=logs[0], stderr=subprocess.STDOUT)
+    second = None
+    text = ""
+    try:
+        assert len(consume(kafka["bootstrap"], topic, expect=2, idle=30)) == 2
+        second = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=logs[1], stderr=subprocess.STDOUT)
+        time.sleep(8)  # the second instance connects (fencing the first) and catches up
+        spark.sql(f"INSERT INTO {src} VALUES (3, 'c')")
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = open(tmp_path / "svc0.log").read()
+            if "fenced" in text:
+                break
+            time.sleep(0.5)
+        # the change is published once, by the second instance
+        msgs = consume(kafka["bootstrap"], topic, expect=3, idle=5)
+        assert [json.loads(v)["id"] for _, _, v, _ in msgs].count(3) == 1, msgs
+    finally:
+        for p in (second, first):
+            if p is not None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(60)
+        for f in logs:
+            f.close()
+    assert "fenced" in text and "cdc-fenced" in text, text[-2000:]
