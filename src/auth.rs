@@ -153,20 +153,21 @@ impl TokenSource {
                     match p.as_ref() {
                         Some(p) => p.clone(),
                         None => {
-                            let built: Arc<dyn gcp_auth::TokenProvider> = match key_file {
-                                Some(f) => Arc::new(gcp_auth::CustomServiceAccount::from_file(f).map_err(|e| {
-                                    self.error(format!("service-account key file {f}: {e}; check `google-credentials-file`"), false)
-                                })?),
-                                None => gcp_auth::provider().await.map_err(|e| {
-                                    self.error(
-                                        format!(
-                                            "no Google Application Default Credentials found ({e}); set GOOGLE_APPLICATION_CREDENTIALS to a \
+                            let built: Arc<dyn gcp_auth::TokenProvider> =
+                                match key_file {
+                                    Some(f) => Arc::new(gcp_auth::CustomServiceAccount::from_file(f).map_err(|e| {
+                                        self.error(format!("service-account key file {f}: {e}; check `google-credentials-file`"), false)
+                                    })?),
+                                    None => gcp_auth::provider().await.map_err(|e| {
+                                        self.error(
+                                            format!(
+                                                "no Google Application Default Credentials found ({e}); set GOOGLE_APPLICATION_CREDENTIALS to a \
                                              service-account key file, run `gcloud auth application-default login`, or run on Google Cloud"
-                                        ),
-                                        false,
-                                    )
-                                })?,
-                            };
+                                            ),
+                                            false,
+                                        )
+                                    })?,
+                                };
                             *p = Some(built.clone());
                             built
                         }

@@ -561,7 +561,9 @@ impl CatalogConfig {
         }
         if let Some(a) = self.props.get(crate::catalog::rest::keys::AUTH) {
             if a != "google" {
-                p.push(format!("{field}.auth: `{a}` — the only value is `google` (Application Default Credentials); leave it out for `token`/`credential`"));
+                p.push(format!(
+                    "{field}.auth: `{a}` — the only value is `google` (Application Default Credentials); leave it out for `token`/`credential`"
+                ));
             }
         }
     }
@@ -721,6 +723,9 @@ mod tests {
             panic!()
         };
         assert!(p[0].contains("local directories only"), "{p:?}");
-        assert!(Config::parse("[source]\ntable='db.t'\n[source.catalog]\ntype='rest'\nuri='http://x'\n'gcs.service.path'='http://y'\n'header.A'='b'\n").is_ok());
+        assert!(Config::parse(
+            "[source]\ntable='db.t'\n[source.catalog]\ntype='rest'\nuri='http://x'\n'gcs.service.path'='http://y'\n'header.A'='b'\n"
+        )
+        .is_ok());
     }
 }

@@ -89,7 +89,9 @@ impl Error {
     /// Whether the same call may succeed later without the user changing anything.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } | Error::Kafka { retryable, .. } => *retryable,
+            Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } | Error::Kafka { retryable, .. } => {
+                *retryable
+            }
             Error::Conflict { .. } => true,
             Error::Iceberg(e) => e.retryable(),
             _ => false,

@@ -242,7 +242,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
     if let Some(tcfg) = &cfg.target {
         let target = Catalog::connect(&tcfg.catalog, "target").await?;
         let mut sink = IcebergSink::new(&target, tcfg.clone());
-        let mut s = run_once(cfg, &source, &mut sink, from.clone(), to.clone(), &RunControl::default(), &mut on_commit).await?;
+        let mut s = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), &mut on_commit).await?;
         s.target_table = tcfg.table.clone();
         summary = Some(s);
     }

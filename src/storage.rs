@@ -25,7 +25,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use iceberg::io::{FileIO, FileIOBuilder, FileMetadata, FileRead, FileWrite, InputFile, LocalFsStorage, OutputFile, Storage, StorageConfig, StorageFactory};
+use iceberg::io::{
+    FileIO, FileIOBuilder, FileMetadata, FileRead, FileWrite, InputFile, LocalFsStorage, OutputFile, Storage, StorageConfig, StorageFactory,
+};
 use iceberg::{Error as IcebergError, ErrorKind};
 use opendal::layers::{RetryLayer, TimeoutLayer};
 use opendal::Operator;
@@ -153,7 +155,11 @@ impl BearerFetch {
         let props = self.credentials.current().await.map_err(|e| {
             let temporary = e.is_retryable();
             let err = opendal::Error::new(opendal::ErrorKind::PermissionDenied, format!("storage credentials: {e}"));
-            if temporary { err.set_temporary() } else { err }
+            if temporary {
+                err.set_temporary()
+            } else {
+                err
+            }
         })?;
         if let Some(t) = props.get(props::GCS_TOKEN) {
             let v = http::HeaderValue::from_str(&format!("Bearer {t}"))
@@ -207,7 +213,9 @@ impl CdcStorageFactory {
 #[typetag::serde(name = "CdcStorageFactory")]
 impl StorageFactory for CdcStorageFactory {
     fn build(&self, config: &StorageConfig) -> iceberg::Result<Arc<dyn Storage>> {
-        Ok(Arc::new(CdcStorage { inner: Arc::new(Inner { props: config.props().clone(), credentials: self.credentials.clone(), ops: Mutex::default() }) }))
+        Ok(Arc::new(CdcStorage {
+            inner: Arc::new(Inner { props: config.props().clone(), credentials: self.credentials.clone(), ops: Mutex::default() }),
+        }))
     }
 }
 
@@ -236,16 +244,25 @@ impl Scheme {
             Some("file") => Ok(Scheme::Local),
             Some("gs" | "gcs") => Ok(Scheme::Gcs),
             Some("s3" | "s3a" | "s3n") => Ok(Scheme::S3),
-            Some(other) => Err(IcebergError::new(ErrorKind::FeatureUnsupported, format!("storage scheme `{other}://` of {path} is not supported (file, gs, s3)"))),
+            Some(other) => Err(IcebergError::new(
+                ErrorKind::FeatureUnsupported,
+                format!("storage scheme `{other}://` of {path} is not supported (file, gs, s3)"),
+            )),
         }
     }
+}
+
+/// An operator and the credential overlay it was built with (empty when tokens are added per request).
+struct CachedOp {
+    overlay: HashMap<String, String>,
+    op: Operator,
 }
 
 struct Inner {
     props: HashMap<String, String>,
     credentials: Option<Arc<dyn StorageCredentials>>,
-    /// (scheme, bucket) → the overlay the operator was built with, and the operator.
-    ops: Mutex<HashMap<(Scheme, String), (HashMap<String, String>, Operator)>>,
+    /// (scheme, bucket) → its operator.
+    ops: Mutex<HashMap<(Scheme, String), CachedOp>>,
 }
 
 /// Storage for one FileIO: local paths and object-store URLs (see the module docs).
@@ -309,28 +326,28 @@ impl CdcStorage {
         let cache_key = (scheme, bucket.to_string());
         if let (Scheme::Gcs, Some(creds)) = (scheme, &self.inner.credentials) {
             // tokens are added per request: one operator per bucket for good
-            if let Some((_, op)) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
-                return Ok((op.clone(), key));
+            if let Some(c) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
+                return Ok((c.op.clone(), key));
             }
             let mut all = self.inner.props.clone();
             all.extend(creds.current().await.map_err(from_crate)?);
             let op = build_operator(scheme, bucket, &all, Some(creds.clone()))?;
-            self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, (HashMap::new(), op.clone()));
+            self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, CachedOp { overlay: HashMap::new(), op: op.clone() });
             return Ok((op, key));
         }
         let overlay = match &self.inner.credentials {
             Some(c) => c.current().await.map_err(from_crate)?,
             None => HashMap::new(),
         };
-        if let Some((o, op)) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
-            if *o == overlay {
-                return Ok((op.clone(), key));
+        if let Some(c) = self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key) {
+            if c.overlay == overlay {
+                return Ok((c.op.clone(), key));
             }
         }
         let mut all = self.inner.props.clone();
         all.extend(overlay.clone());
         let op = build_operator(scheme, bucket, &all, None)?;
-        self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, (overlay, op.clone()));
+        self.inner.ops.lock().unwrap_or_else(|p| p.into_inner()).insert(cache_key, CachedOp { overlay, op: op.clone() });
         Ok((op, key))
     }
 
@@ -340,8 +357,14 @@ impl CdcStorage {
 }
 
 /// An operator for `bucket`; with `bearer`, GCS requests carry that source's current token instead of a fixed one.
-fn build_operator(scheme: Scheme, bucket: &str, p: &HashMap<String, String>, bearer: Option<Arc<dyn StorageCredentials>>) -> iceberg::Result<Operator> {
-    let err = |e: opendal::Error| IcebergError::new(ErrorKind::Unexpected, format!("cannot configure storage for bucket {bucket}: {e}")).with_source(e);
+fn build_operator(
+    scheme: Scheme,
+    bucket: &str,
+    p: &HashMap<String, String>,
+    bearer: Option<Arc<dyn StorageCredentials>>,
+) -> iceberg::Result<Operator> {
+    let err =
+        |e: opendal::Error| IcebergError::new(ErrorKind::Unexpected, format!("cannot configure storage for bucket {bucket}: {e}")).with_source(e);
     let op = match scheme {
         Scheme::Gcs => {
             let mut cfg = opendal::services::GcsConfig::default();
@@ -380,9 +403,9 @@ fn build_operator(scheme: Scheme, bucket: &str, p: &HashMap<String, String>, bea
         Scheme::Local => unreachable!("local paths do not use an operator"),
     };
     // Timeout inside retry: each attempt is bounded, so a stalled connection becomes a retryable error.
-    Ok(op.layer(TimeoutLayer::new().with_timeout(Duration::from_secs(60)).with_io_timeout(Duration::from_secs(30))).layer(
-        RetryLayer::new().with_jitter().with_max_times(6).with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(10)),
-    ))
+    Ok(op
+        .layer(TimeoutLayer::new().with_timeout(Duration::from_secs(60)).with_io_timeout(Duration::from_secs(30)))
+        .layer(RetryLayer::new().with_jitter().with_max_times(6).with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(10))))
 }
 
 struct Reader(opendal::Reader, String);
@@ -473,7 +496,8 @@ impl Storage for CdcStorage {
             return LocalFsStorage::new().writer(path).await;
         }
         let (op, key) = self.op(path).await?;
-        let chunk = self.inner.props.get(props::UPLOAD_CHUNK_SIZE).and_then(|v| v.parse::<usize>().ok()).unwrap_or(UPLOAD_CHUNK).max(MIN_UPLOAD_CHUNK);
+        let chunk =
+            self.inner.props.get(props::UPLOAD_CHUNK_SIZE).and_then(|v| v.parse::<usize>().ok()).unwrap_or(UPLOAD_CHUNK).max(MIN_UPLOAD_CHUNK);
         let w = op.writer_with(key).chunk(chunk).await.map_err(|e| from_opendal(path, e))?;
         Ok(Box::new(Writer(w, path.to_string())))
     }

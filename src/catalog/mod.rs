@@ -20,8 +20,8 @@ use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
 
 use crate::auth::TokenSource;
 use crate::config::{split_table_name, CatalogConfig, CatalogType};
-use crate::storage::{self, CdcStorageFactory};
 use crate::error::{Error, Result};
+use crate::storage::{self, CdcStorageFactory};
 
 pub use hadoop::HadoopCatalog;
 
@@ -42,9 +42,8 @@ fn local_file_io() -> FileIO {
 /// Storage for a file-based catalog: Google tokens for `gs://` when `auth = "google"`.
 fn storage_factory(cfg: &CatalogConfig) -> CdcStorageFactory {
     let google = cfg.props.get(rest::keys::AUTH).is_some_and(|a| a == "google");
-    let creds: Option<Arc<dyn storage::StorageCredentials>> = google.then(|| {
-        Arc::new(storage::GoogleStorageToken(TokenSource::google(cfg.props.get(rest::keys::GOOGLE_CREDENTIALS_FILE).cloned()))) as _
-    });
+    let creds: Option<Arc<dyn storage::StorageCredentials>> =
+        google.then(|| Arc::new(storage::GoogleStorageToken(TokenSource::google(cfg.props.get(rest::keys::GOOGLE_CREDENTIALS_FILE).cloned()))) as _);
     CdcStorageFactory::with_credentials(creds)
 }
 

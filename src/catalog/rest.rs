@@ -42,7 +42,8 @@ pub mod keys {
     pub const VENDED_CREDENTIALS: &str = "vended-credentials";
     pub const HEADER_PREFIX: &str = "header.";
     /// Keys the client itself understands (everything else must be a storage property or a header).
-    pub const ALL: &[&str] = &[URI, WAREHOUSE, PREFIX, TOKEN, CREDENTIAL, OAUTH2_SERVER_URI, SCOPE, AUTH, GOOGLE_CREDENTIALS_FILE, VENDED_CREDENTIALS];
+    pub const ALL: &[&str] =
+        &[URI, WAREHOUSE, PREFIX, TOKEN, CREDENTIAL, OAUTH2_SERVER_URI, SCOPE, AUTH, GOOGLE_CREDENTIALS_FILE, VENDED_CREDENTIALS];
 }
 
 const ACCESS_DELEGATION: &str = "x-iceberg-access-delegation";
@@ -288,7 +289,8 @@ impl RestClient {
             return Err(self.status_error(&url, resp).await);
         }
         let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
-        let parsed = serde_json::from_str(&text).map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false))?;
+        let parsed =
+            serde_json::from_str(&text).map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false))?;
         Ok((parsed, url))
     }
 
@@ -492,7 +494,10 @@ mod tests {
 
     #[test]
     fn vended_credentials_prefer_the_longest_matching_prefix() {
-        let r = response(&[("gcs.oauth2.token", "from-config")], &[("gs://b/", &[("gcs.oauth2.token", "short")]), ("gs://b/wh", &[("gcs.oauth2.token", "long")])]);
+        let r = response(
+            &[("gcs.oauth2.token", "from-config")],
+            &[("gs://b/", &[("gcs.oauth2.token", "short")]), ("gs://b/wh", &[("gcs.oauth2.token", "long")])],
+        );
         assert_eq!(vended_props("gs://b/wh/t", &r)["gcs.oauth2.token"], "long");
         let r = response(&[("gcs.oauth2.token", "from-config"), ("gcs.oauth2.token-expires-at", "1700000000000")], &[]);
         let p = vended_props("gs://b/wh/t", &r);

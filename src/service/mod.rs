@@ -373,7 +373,11 @@ pub async fn check(path: &Path) -> Result<bool> {
             let line = async {
                 let s = Catalog::connect(&r.config.source.catalog, "source").await?;
                 let source = s.load_table(&r.config.source.table).await?;
-                Ok::<_, Error>(format!("source {} at snapshot {}", r.config.source.table, source.metadata().current_snapshot_id().map(|h| h.to_string()).unwrap_or("-".into())))
+                Ok::<_, Error>(format!(
+                    "source {} at snapshot {}",
+                    r.config.source.table,
+                    source.metadata().current_snapshot_id().map(|h| h.to_string()).unwrap_or("-".into())
+                ))
             }
             .await;
             match line {

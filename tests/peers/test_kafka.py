@@ -148,7 +148,9 @@ def test_sigkills_mid_stream_still_exactly_once(spark_tables, warehouse, kafka, 
     run_cdc("sync", "--config", cfg)
     want = cdc_changes(config(tmp_path, warehouse, "db.part_v2", "", "changes.toml"))
     got = consume(kafka["bootstrap"], topic, expect=len(want))
-    strip = lambda r: {k: v for k, v in r.items() if k != "_change_ordinal"}  # noqa: E731
+    # each message has the columns of its snapshot's schema (`note` appears mid-history); `cdc changes` over the
+    # whole range prints the end schema with nulls: compare without ordinals and null columns
+    strip = lambda r: {k: v for k, v in r.items() if k != "_change_ordinal" and v is not None}  # noqa: E731
     got_rows = Counter(json.dumps(strip(json.loads(v)), sort_keys=True) for _, _, v, _ in got)
     want_rows = Counter(json.dumps(strip(r), sort_keys=True) for r in want)
     assert got_rows == want_rows, f"{killed} kills: missing {sum((want_rows - got_rows).values())}, duplicated {sum((got_rows - want_rows).values())}"
@@ -165,7 +167,7 @@ def test_second_instance_fences_the_first(spark, warehouse, kafka, tmp_path):
     svc = tmp_path / "service.toml"
     svc.write_text(
         f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
-        f'[[pipelines]]\nname = "fenced"\nsource = {{ catalog = "lake", table = "db.fence_src" }}\n\n'
+        f'[[pipelines]]\nname = "fence-me"\nsource = {{ catalog = "lake", table = "db.fence_src" }}\n\n'
         f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\n'
     )
     logs = [open(tmp_path / f"svc{i}.log", "w") for i in range(2)]
@@ -180,7 +182,7 @@ def test_second_instance_fences_the_first(spark, warehouse, kafka, tmp_path):
         deadline = time.time() + 60
         while time.time() < deadline:
             text = open(tmp_path / "svc0.log").read()
-            if "fenced" in text:
+            if "took over this pipeline (fenced)" in text:
                 break
             time.sleep(0.5)
         # the change is published once, by the second instance
@@ -193,4 +195,4 @@ def test_second_instance_fences_the_first(spark, warehouse, kafka, tmp_path):
                 p.wait(60)
         for f in logs:
             f.close()
-    assert "fenced" in text and "cdc-fenced" in text, text[-2000:]
+    assert "took over this pipeline (fenced)" in text and "`cdc-fence-me`" in text, text[-2000:]

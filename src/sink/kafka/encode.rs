@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type, Int8Type, TimestampMicrosecondType};
 use arrow_array::{Array, RecordBatch};
-use arrow_schema::{DataType, Field, SchemaRef};
+use arrow_schema::{DataType, Field};
 
 use crate::change::{self, ChangeType};
 use crate::config::KafkaFormat;
@@ -107,7 +107,9 @@ impl Encoder {
         let ts = column(batch, change::COMMIT_TIMESTAMP)?.as_primitive::<TimestampMicrosecondType>().clone();
         let ords = column(batch, change::CHANGE_ORDINAL)?.as_primitive::<Int32Type>().clone();
         let schema = batch.schema();
-        let data_cols: Vec<usize> = (0..schema.fields().len()).filter(|i| !schema.field(*i).name().starts_with("_change") && !schema.field(*i).name().starts_with("_commit")).collect();
+        let data_cols: Vec<usize> = (0..schema.fields().len())
+            .filter(|i| !schema.field(*i).name().starts_with("_change") && !schema.field(*i).name().starts_with("_commit"))
+            .collect();
         let key_cols: Vec<usize> = self
             .key_ids
             .iter()
@@ -120,7 +122,7 @@ impl Encoder {
             })
             .collect::<Result<_>>()?;
         let output = match self.format {
-            KafkaFormat::Json => Some(change::for_output(batch, &change::output_schema(&data_schema(&schema, &data_cols)))?),
+            KafkaFormat::Json => Some(change::for_output(batch, &change::output_schema(&schema))?),
             KafkaFormat::Debezium => None,
         };
         for row in 0..batch.num_rows() {
@@ -143,7 +145,15 @@ impl Encoder {
         Ok(())
     }
 
-    fn debezium(&mut self, batch: &RecordBatch, data_cols: &[usize], row: usize, key: Option<String>, meta: RowMeta, out: &mut Vec<(Message, u64)>) -> Result<()> {
+    fn debezium(
+        &mut self,
+        batch: &RecordBatch,
+        data_cols: &[usize],
+        row: usize,
+        key: Option<String>,
+        meta: RowMeta,
+        out: &mut Vec<(Message, u64)>,
+    ) -> Result<()> {
         let image = object(batch, data_cols, row)?;
         match meta.change {
             ChangeType::UpdateBefore => {
@@ -184,7 +194,15 @@ impl Encoder {
         Ok(())
     }
 
-    fn envelope(&self, batch: &RecordBatch, data_cols: &[usize], before: Option<&str>, after: Option<&str>, op: &str, meta: RowMeta) -> Result<String> {
+    fn envelope(
+        &self,
+        batch: &RecordBatch,
+        data_cols: &[usize],
+        before: Option<&str>,
+        after: Option<&str>,
+        op: &str,
+        meta: RowMeta,
+    ) -> Result<String> {
         let now = chrono::Utc::now().timestamp_millis();
         let mut payload = String::with_capacity(256);
         payload.push_str("{\"before\":");
@@ -227,10 +245,6 @@ impl Encoder {
 
 fn message(key: Option<String>, value: Option<String>, m: RowMeta) -> Message {
     Message { key, value, change_type: m.change.as_str(), snapshot_id: m.snapshot_id, sequence_number: m.sequence_number, ordinal: m.ordinal }
-}
-
-fn data_schema(schema: &SchemaRef, cols: &[usize]) -> SchemaRef {
-    std::sync::Arc::new(arrow_schema::Schema::new_with_metadata(cols.iter().map(|i| schema.field(*i).clone()).collect::<Vec<_>>(), schema.metadata().clone()))
 }
 
 /// `{"name": value, ...}` of the columns `cols` of `row` (Iceberg single-value JSON for the values).
@@ -290,7 +304,11 @@ fn connect_field(f: &Field, name: Option<&str>) -> String {
         DataType::List(item) | DataType::LargeList(item) => {
             let items = connect_field(item, None);
             match name {
-                Some(n) => format!("{{\"type\":\"array\",\"optional\":{},\"field\":{},\"items\":{items}}}", f.is_nullable(), serde_json::to_string(n).expect("serializes")),
+                Some(n) => format!(
+                    "{{\"type\":\"array\",\"optional\":{},\"field\":{},\"items\":{items}}}",
+                    f.is_nullable(),
+                    serde_json::to_string(n).expect("serializes")
+                ),
                 None => format!("{{\"type\":\"array\",\"optional\":{},\"items\":{items}}}", f.is_nullable()),
             }
         }
@@ -300,7 +318,9 @@ fn connect_field(f: &Field, name: Option<&str>) -> String {
             let keys = connect_field(&kv[0], None);
             let values = connect_field(&kv[1], None);
             let head = match name {
-                Some(n) => format!("{{\"type\":\"struct\",\"optional\":{},\"field\":{},", f.is_nullable(), serde_json::to_string(n).expect("serializes")),
+                Some(n) => {
+                    format!("{{\"type\":\"struct\",\"optional\":{},\"field\":{},", f.is_nullable(), serde_json::to_string(n).expect("serializes"))
+                }
                 None => format!("{{\"type\":\"struct\",\"optional\":{},", f.is_nullable()),
             };
             format!("{head}\"fields\":[{{\"type\":\"array\",\"optional\":false,\"field\":\"keys\",\"items\":{keys}}},{{\"type\":\"array\",\"optional\":false,\"field\":\"values\",\"items\":{values}}}]}}")
@@ -319,8 +339,10 @@ mod tests {
     use super::*;
 
     fn batch(rows: &[(ChangeType, i64, &str)]) -> RecordBatch {
-        let id = Field::new("id", DataType::Int64, false).with_metadata([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), "1".to_string())].into());
-        let name = Field::new("name", DataType::Utf8, true).with_metadata([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), "2".to_string())].into());
+        let id =
+            Field::new("id", DataType::Int64, false).with_metadata([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), "1".to_string())].into());
+        let name =
+            Field::new("name", DataType::Utf8, true).with_metadata([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), "2".to_string())].into());
         let data = Arc::new(Schema::new(vec![id, name]));
         let schema = change::change_schema(&data);
         let n = rows.len();
@@ -366,7 +388,10 @@ mod tests {
         assert_eq!((out[1].0.key.as_deref(), out[1].0.value.as_ref(), out[1].1), (Some(r#"{"id":2}"#), None, 0));
         let u: serde_json::Value = serde_json::from_str(out[2].0.value.as_ref().unwrap()).unwrap();
         assert_eq!((u["op"].as_str(), u["before"]["name"].as_str(), u["after"]["name"].as_str(), out[2].1), (Some("u"), Some("old"), Some("new"), 2));
-        assert_eq!((u["source"]["db"].as_str(), u["source"]["table"].as_str(), u["source"]["snapshot_id"].as_i64()), (Some("db"), Some("t"), Some(7)));
+        assert_eq!(
+            (u["source"]["db"].as_str(), u["source"]["table"].as_str(), u["source"]["snapshot_id"].as_i64()),
+            (Some("db"), Some("t"), Some(7))
+        );
         assert_eq!(u["source"]["ts_ms"].as_i64(), Some(1_700_000_000_000));
     }
 

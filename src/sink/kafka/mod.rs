@@ -134,12 +134,21 @@ impl KafkaSink {
         }
         let retryable = !matches!(
             code,
-            Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed | RDKafkaErrorCode::TransactionalIdAuthorizationFailed)
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                    | RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+                    | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            )
         );
         Error::Kafka { what: what.to_string(), message: e.to_string(), retryable }
     }
 
-    async fn blocking<T: Send + 'static>(&self, what: &'static str, f: impl FnOnce(&Prod) -> std::result::Result<T, KafkaError> + Send + 'static) -> Result<T> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Prod) -> std::result::Result<T, KafkaError> + Send + 'static,
+    ) -> Result<T> {
         let p = self.producer.clone().ok_or_else(|| Error::Internal("Kafka producer not connected".into()))?;
         match tokio::task::spawn_blocking(move || f(&p)).await {
             Ok(Ok(v)) => Ok(v),
@@ -179,7 +188,11 @@ impl KafkaSink {
                 for r in results {
                     if let Err((name, code)) = r {
                         if code != RDKafkaErrorCode::TopicAlreadyExists {
-                            return Err(Error::Kafka { what: format!("creating the progress topic {name}"), message: code.to_string(), retryable: true });
+                            return Err(Error::Kafka {
+                                what: format!("creating the progress topic {name}"),
+                                message: code.to_string(),
+                                retryable: true,
+                            });
                         }
                     }
                 }
@@ -317,7 +330,7 @@ impl KafkaSink {
         for (m, rows) in msgs {
             let open = self.open.as_mut().ok_or_else(|| Error::Internal("write without begin".into()))?;
             // already published by an earlier transaction of this chunk (before a restart)
-            if open.skip > 0 && rows <= open.skip && !(rows == 0 && !open.skipping_last) {
+            if open.skip > 0 && rows <= open.skip && (rows != 0 || open.skipping_last) {
                 open.skip -= rows;
                 open.rows_done += rows;
                 open.skipping_last = true;
