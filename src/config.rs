@@ -734,7 +734,10 @@ mod tests {
         let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
         let cfg = Config::parse(&format!("{base}[kafka]\nbootstrap_servers='b:9092'\nformat='debezium'\nmax_transaction_bytes='8MiB'\n")).unwrap();
         let k = cfg.kafka.unwrap();
-        assert_eq!((k.format, k.initial, k.topic.as_str(), k.max_transaction_bytes), (KafkaFormat::Debezium, KafkaInitial::Snapshot, "cdc.{namespace}.{table}", 8 << 20));
+        assert_eq!(
+            (k.format, k.initial, k.topic.as_str(), k.max_transaction_bytes),
+            (KafkaFormat::Debezium, KafkaInitial::Snapshot, "cdc.{namespace}.{table}", 8 << 20)
+        );
         let Error::Config(p) = Config::parse(&format!(
             "{base}[kafka]\nbootstrap_servers=''\nschemas_enable=true\nmax_transaction_rows=0\nauth='aws'\nproperties={{'transactional.id'='x'}}\n"
         ))
@@ -742,7 +745,9 @@ mod tests {
             panic!()
         };
         let all = p.join("\n");
-        for needle in ["bootstrap_servers: required", "schemas_enable: only for", "max_transaction_rows", "auth: `aws`", "properties.transactional.id"] {
+        for needle in
+            ["bootstrap_servers: required", "schemas_enable: only for", "max_transaction_rows", "auth: `aws`", "properties.transactional.id"]
+        {
             assert!(all.contains(needle), "{needle} missing in {all}");
         }
         assert!(Config::parse(&format!("{base}[kafka]\nbootstrap_servers='b'\nlinger=1\n")).unwrap_err().to_string().contains("kafka.linger"));

@@ -106,9 +106,6 @@ pub struct SyncSummary {
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
     pub seconds: f64,
-    /// The Kafka sink's run when `cdc sync` has both `[target]` and `[kafka]`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kafka: Option<Box<SyncSummary>>,
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
     /// several pipelines at once it includes theirs).
     pub object_store: crate::storage::IoStats,
@@ -226,6 +223,21 @@ fn decide_start(src: &SyncSource, target: &str, from: Option<i64>, recorded: Opt
     }
 }
 
+/// The source as sinks see it; `end` is the end of the range (its schema names the keys when the current one
+/// lacks them).
+pub(crate) fn source_info(cfg: &Config, source: &Table, end: &iceberg::spec::SnapshotRef) -> Result<SourceInfo> {
+    let smeta = source.metadata();
+    // Keys are named as the user sees the table (its current schema, else the range end's); ids from then on.
+    let configured = cfg.source.key_columns.iter().flatten().chain(cfg.target.iter().flat_map(|t| t.equality_columns.iter().flatten()));
+    let names_schema = if configured.clone().all(|n| smeta.current_schema().field_by_name(n).is_some()) {
+        smeta.current_schema().clone()
+    } else {
+        lineage::snapshot_schema(smeta, Some(end))
+    };
+    let key_ids = changelog::resolve_key(&names_schema, cfg.source.key_columns.as_deref())?;
+    Ok(SourceInfo { uuid: smeta.uuid().to_string(), name: cfg.source.table.clone(), metadata: source.metadata_ref(), key_ids, names_schema })
+}
+
 /// The applier's one-shot run (the daemon loops over it): replicate the source range into the target as
 /// merge-on-read commits, each recording the source snapshot it brings the target up to.
 ///
@@ -238,27 +250,27 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         return Err(Error::Config(vec!["[target] or [kafka]: `cdc sync` needs a destination (an Iceberg table, a Kafka topic, or both)".into()]));
     }
     let (_, source) = load_source(cfg).await?;
-    let mut summary = None;
-    if let Some(tcfg) = &cfg.target {
-        let target = Catalog::connect(&tcfg.catalog, "target").await?;
-        let mut sink = IcebergSink::new(&target, tcfg.clone());
-        let mut s = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), &mut on_commit).await?;
-        s.target_table = tcfg.table.clone();
-        summary = Some(s);
+    // the republisher: the pipeline of a one-shot sync is named after its source table
+    let mut kafka = cfg.kafka.as_ref().map(|k| crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table)));
+    let target = match &cfg.target {
+        Some(t) => Some(Catalog::connect(&t.catalog, "target").await?),
+        None => None,
+    };
+    let mut iceberg = cfg.target.as_ref().zip(target.as_ref()).map(|(t, c)| IcebergSink::new(c, t.clone()));
+    let mut summary = match (&mut iceberg, &mut kafka) {
+        (Some(i), Some(k)) => {
+            // both: one read of the source feeds the two
+            let sinks: Vec<&mut dyn Sink> = vec![i, k];
+            crate::sink::fanout::run(cfg, &source, sinks, from, to, &RunControl::default(), &mut on_commit).await?
+        }
+        (Some(i), None) => run_once(cfg, &source, i, from, to, &RunControl::default(), &mut on_commit).await?,
+        (None, Some(k)) => run_once(cfg, &source, k, from, to, &RunControl::default(), &mut on_commit).await?,
+        (None, None) => unreachable!("checked above"),
+    };
+    if let Some(t) = &cfg.target {
+        summary.target_table = t.table.clone();
     }
-    if let Some(k) = &cfg.kafka {
-        // the republisher: the pipeline of a one-shot sync is named after its source table
-        let mut sink = crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table));
-        let s = run_once(cfg, &source, &mut sink, from, to, &RunControl::default(), &mut on_commit).await?;
-        summary = Some(match summary {
-            None => s,
-            Some(mut first) => {
-                first.kafka = Some(Box::new(s));
-                first
-            }
-        });
-    }
-    Ok(summary.expect("a destination ran"))
+    Ok(summary)
 }
 
 /// The runner: replicates the source range `(from, to]` into `sink`, one commit per chunk of source snapshots, each
@@ -286,16 +298,8 @@ pub async fn run_once(
         return Ok(summary); // a source without snapshots has nothing to copy
     };
     let from_id = from.map(|b| resolve_bound(name, smeta, b)).transpose()?;
-    // Keys are named as the user sees the table (its current schema, else the range end's); ids from then on.
-    let configured = cfg.source.key_columns.iter().flatten().chain(cfg.target.iter().flat_map(|t| t.equality_columns.iter().flatten()));
-    let names_schema = if configured.clone().all(|n| smeta.current_schema().field_by_name(n).is_some()) {
-        smeta.current_schema().clone()
-    } else {
-        lineage::snapshot_schema(smeta, Some(&end))
-    };
-    let key_ids = changelog::resolve_key(&names_schema, cfg.source.key_columns.as_deref())?;
-    let info =
-        SourceInfo { uuid: smeta.uuid().to_string(), name: name.clone(), metadata: source.metadata_ref(), key_ids: key_ids.clone(), names_schema };
+    let info = source_info(cfg, source, &end)?;
+    let key_ids = info.key_ids.clone();
     let src = SyncSource { cfg, table: source.clone(), end };
     // One scan for the run: its delete cache serves every commit.
     let mut scan = ChangelogScan::new(source, &src.schema_at(&src.end), key_ids, scan_options(cfg))?;

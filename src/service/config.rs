@@ -198,22 +198,35 @@ impl ServiceConfig {
             let (Some(scat), poll) = (self.catalogs.get(&pl.source.catalog), pl.poll_interval.unwrap_or(self.service.poll_interval)) else {
                 continue;
             };
-            for s in &pl.sinks {
-                let source = SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() };
-                let config = match s {
-                    SinkConfig::Iceberg(t) => {
-                        let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
-                        Config { source, target: Some(t.clone().with_catalog(tcat.clone())), kafka: None, engine: self.engine.clone() }
-                    }
-                    SinkConfig::Kafka(k) => Config { source, target: None, kafka: Some(k.clone()), engine: self.engine.clone() },
-                };
+            let source = SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() };
+            let icebergs: Vec<&TargetConfig<String>> =
+                pl.sinks.iter().filter_map(|s| if let SinkConfig::Iceberg(t) = s { Some(t) } else { None }).collect();
+            let kafkas: Vec<&KafkaConfig> = pl.sinks.iter().filter_map(|s| if let SinkConfig::Kafka(k) = s { Some(k) } else { None }).collect();
+            let mut push = |sink: String, target: Option<TargetConfig>, kafka: Option<KafkaConfig>| {
                 out.push(Run {
                     pipeline: pl.name.clone(),
-                    sink: s.label(),
+                    sink,
                     poll_interval: poll,
                     commit_interval: pl.commit_interval.unwrap_or(poll),
-                    config,
+                    config: Config { source: source.clone(), target, kafka, engine: self.engine.clone() },
                 });
+            };
+            if let ([t], [k]) = (icebergs.as_slice(), kafkas.as_slice()) {
+                // one Iceberg table and one topic: one loop, one read of the source for both
+                if let Some(tcat) = self.catalogs.get(&t.catalog) {
+                    let label = format!("{}+{}", SinkConfig::Iceberg((*t).clone()).label(), SinkConfig::Kafka((*k).clone()).label());
+                    push(label, Some((*t).clone().with_catalog(tcat.clone())), Some((*k).clone()));
+                }
+                continue;
+            }
+            for s in &pl.sinks {
+                match s {
+                    SinkConfig::Iceberg(t) => {
+                        let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
+                        push(s.label(), Some(t.clone().with_catalog(tcat.clone())), None);
+                    }
+                    SinkConfig::Kafka(k) => push(s.label(), None, Some(k.clone())),
+                }
             }
         }
         out

@@ -197,6 +197,7 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
     let mut catalogs: Option<(Catalog, Catalog)> = None;
     // a Kafka sink keeps its producer (and the pipeline's transactional id) across polls
     let mut kafka: Option<(Catalog, KafkaSink)> = None;
+    let mut fan: Option<(Catalog, Catalog, KafkaSink)> = None;
     // delete files stay read across polls (bounded to what the source still references)
     let cache = Arc::new(crate::source::changelog::DeleteCache::default());
     let mut failures = 0u32;
@@ -207,9 +208,10 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         if *stop.borrow() {
             break;
         }
-        let polled = match &cfg.kafka {
-            Some(k) => poll_kafka(&cfg, k, &run, &mut kafka, &stop, &cache, &labels, &telemetry).await,
-            None => poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await,
+        let polled = match (&cfg.kafka, &cfg.target) {
+            (Some(k), Some(_)) => poll_fanout(&cfg, k, &run, &mut fan, &stop, &cache, &labels, &telemetry).await,
+            (Some(k), None) => poll_kafka(&cfg, k, &run, &mut kafka, &stop, &cache, &labels, &telemetry).await,
+            _ => poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await,
         };
         let wait = match polled {
             Ok(()) => {
@@ -227,8 +229,9 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
                 if matches!(e, Error::Catalog { .. }) {
                     catalogs = None; // reconnect next time
                 }
-                if matches!(e, Error::Kafka { .. }) {
+                if matches!(e, Error::Kafka { .. } | Error::Catalog { .. }) {
                     kafka = None; // a new producer: it aborts what the failed one left open
+                    fan = None;
                 }
                 failures += 1;
                 let base = run.poll_interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
@@ -242,6 +245,40 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
             break;
         }
     }
+}
+
+/// One poll of a pipeline with an Iceberg table and a Kafka topic: one read of the source feeds both (the one
+/// behind catches up alone first).
+#[allow(clippy::too_many_arguments)]
+async fn poll_fanout(
+    cfg: &crate::config::Config,
+    k: &crate::config::KafkaConfig,
+    run: &Run,
+    state: &mut Option<(Catalog, Catalog, KafkaSink)>,
+    stop: &watch::Receiver<bool>,
+    cache: &Arc<crate::source::changelog::DeleteCache>,
+    labels: &RunLabels,
+    telemetry: &Telemetry,
+) -> Result<()> {
+    let tcfg = cfg.target.as_ref().expect("a fan-out run has a target");
+    if state.is_none() {
+        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
+        let t = Catalog::connect(&tcfg.catalog, "target").await?;
+        *state = Some((s, t, KafkaSink::new(k.clone(), run.pipeline.clone())));
+    }
+    let (scat, tcat, ksink) = state.as_mut().expect("just connected");
+    let source = scat.load_table(&cfg.source.table).await?;
+    let meta = source.metadata();
+    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
+    let mut isink = IcebergSink::new(tcat, tcfg.clone());
+    let sinks: Vec<&mut dyn crate::sink::Sink> = vec![&mut isink, ksink];
+    let summary = crate::sink::fanout::run(cfg, &source, sinks, None, None, &control, |r| telemetry.committed(labels, r)).await?;
+    telemetry.synced(labels, &summary);
+    let pending = pending_snapshots(meta, summary.source_snapshot_id);
+    let oldest = pending.first().map(|s| s.timestamp_ms());
+    let now = chrono::Utc::now().timestamp_millis();
+    telemetry.polled(labels, oldest.map(|t| (now - t).max(0) as f64 / 1000.0).unwrap_or(0.0), pending.len() as u64);
+    Ok(())
 }
 
 /// One poll of a Kafka sink: publish what is new since its progress (kept in memory between polls: this instance

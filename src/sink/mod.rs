@@ -9,6 +9,7 @@
 //!
 //! A sink that finds its progress moved by another writer answers [`Committed::Replan`]; the runner then plans again
 //! from what the sink records — never re-applying a range, never moving progress backwards.
+pub mod fanout;
 pub mod iceberg;
 pub mod kafka;
 

@@ -284,3 +284,73 @@ def test_broker_restart_mid_stream(spark, warehouse, kafka, tmp_path):
         log.close()
     ids = Counter(json.loads(v)["id"] for _, _, v, _ in got)
     assert ids == Counter(range(12)), f"missing {set(range(12)) - set(ids)}, twice {[k for k, c in ids.items() if c > 1]}"
+
+
+def spark_table_rows(spark, name):
+    spark.sql(f"REFRESH TABLE {name}")
+    return Counter(tuple(r) for r in spark.table(name).collect())
+
+
+def test_fan_out_iceberg_and_kafka_from_one_read(spark, spark_tables, warehouse, kafka, tmp_path):
+    """`cdc sync` with [target] and [kafka]: one read of the source feeds both; Spark reads the target equal to the
+    source, and the Debezium stream folds to the same table. A sink that is behind catches up alone first."""
+    topic = f"fan-{uuid.uuid4().hex[:8]}"
+    src = f"{CAT}.db.mor_v3"
+    snaps = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()]
+    kafka_only = config(tmp_path, warehouse, "db.mor_v3", kafka_section(kafka["bootstrap"], topic, format="debezium"), "kafka-only.toml")
+    run_cdc("sync", "--config", kafka_only, "--to-snapshot", str(snaps[2]))
+    both = config(tmp_path, warehouse, "db.mor_v3",
+                  kafka_section(kafka["bootstrap"], topic, format="debezium")
+                  + f'[target]\ntable = "fan.mor_v3"\nformat_version = 3\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n',
+                  "both.toml")
+    # the Iceberg target has nothing: it copies the source at the Kafka sink's progress alone, then both share
+    p = run_cdc("sync", "--config", both, "--to-snapshot", str(snaps[5]), "--log", "iceberg_cdc=info")
+    assert "catching up alone" in p.stderr, p.stderr[-2000:]
+    p = run_cdc("sync", "--config", both, "--log", "iceberg_cdc=info")
+    assert "catching up alone" not in p.stderr, "in step, the sinks share one read"
+    assert spark_table_rows(spark, f"{CAT}.fan.mor_v3") == spark_table_rows(spark, src)
+    state = fold(consume(kafka["bootstrap"], topic))
+    want = spark_rows(spark, src)
+    assert set(state) == set(want)
+    assert all(state[k]["name"] == r["name"] for k, r in want.items())
+
+
+def test_service_fan_out(spark, warehouse, kafka, tmp_path):
+    topic = f"svcfan-{uuid.uuid4().hex[:8]}"
+    src = f"{CAT}.db.fan_src"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2', 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO {src} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    svc = tmp_path / "service.toml"
+    svc.write_text(
+        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
+        f'[[pipelines]]\nname = "svcfan"\nsource = {{ catalog = "lake", table = "db.fan_src" }}\n\n'
+        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\n\n'
+        f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\nformat = "debezium"\n'
+    )
+    log = open(tmp_path / "svc.log", "w")
+    p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3)
+        spark.sql(f"UPDATE {src} SET v = 'a2' WHERE id = 1")
+        spark.sql(f"DELETE FROM {src} WHERE id = 2")
+        spark.sql(f"INSERT INTO {src} VALUES (4, 'd')")
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src):
+                    break
+            except Exception:  # noqa: BLE001 - not created yet
+                pass
+            time.sleep(1)
+        state = fold(consume(kafka["bootstrap"], topic, idle=5))
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(60)
+        log.close()
+    text = open(tmp_path / "svc.log").read()
+    assert rc == 0, text[-2000:]
+    assert "sink=iceberg:fan.svc_replica+kafka:" in text, "one loop for both sinks"
+    assert spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src)
+    assert {k: v["v"] for k, v in state.items()} == {key_of({"id": 1}): "a2", key_of({"id": 3}): "c", key_of({"id": 4}): "d"}

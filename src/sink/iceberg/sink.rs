@@ -276,6 +276,10 @@ impl Sink for IcebergSink<'_> {
         format!("iceberg:{}", self.cfg.table)
     }
 
+    fn snapshots_per_commit(&self) -> Option<usize> {
+        self.cfg.snapshots_per_commit
+    }
+
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             match self.catalog.load_table(&self.cfg.table).await {
