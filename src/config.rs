@@ -81,6 +81,8 @@ pub struct KafkaConfig {
     pub snapshots_per_commit: Option<usize>,
     /// `google`: SASL OAUTHBEARER with Google access tokens (Google Cloud Managed Service for Apache Kafka).
     pub auth: Option<String>,
+    /// The service account e-mail OAUTHBEARER presents (default: `client_email` of GOOGLE_APPLICATION_CREDENTIALS).
+    pub principal: Option<String>,
     /// Passed to librdkafka as they are (compression.type, linger.ms, security.protocol, sasl.*, ssl.*, ...).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -115,6 +117,7 @@ pub(crate) const KAFKA_KEYS: &[&str] = &[
     "max_transaction_bytes",
     "snapshots_per_commit",
     "auth",
+    "principal",
     "properties",
 ];
 

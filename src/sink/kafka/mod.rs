@@ -12,6 +12,7 @@
 //!
 //! Invariants: progress is only written inside the transaction of the messages it covers; a Debezium update pair is
 //! never split across transactions; a fenced producer (another instance took over) is a permanent error.
+pub mod auth;
 pub mod encode;
 
 use std::sync::Arc;
@@ -22,18 +23,18 @@ use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{KafkaConfig, KafkaInitial};
 use crate::error::{Error, Result};
 use crate::sink::{Chunk, CommitStats, Committed, Initial, Sink, SourceInfo};
+use auth::KafkaContext;
 use encode::{headers, Encoder, Message, SourceMeta};
 
 /// Timeout of the blocking transaction calls.
@@ -55,7 +56,7 @@ pub struct Progress {
     pub written_at_ms: i64,
 }
 
-type Prod = ThreadedProducer<DefaultProducerContext>;
+type Prod = ThreadedProducer<KafkaContext>;
 
 struct Open {
     /// Last snapshot of the chunk and its sequence number.
@@ -85,6 +86,7 @@ pub struct KafkaSink {
     open: Option<Open>,
     /// The source of the open commit (early transaction commits write progress records).
     open_source: Option<SourceInfo>,
+    context: Option<KafkaContext>,
     retries: u32,
     /// Transactions committed (early ones included) and aborted, for metrics.
     pub transactions: u64,
@@ -103,6 +105,7 @@ impl KafkaSink {
             progress: None,
             open: None,
             open_source: None,
+            context: None,
             retries: 0,
             transactions: 0,
             aborts: 0,
@@ -120,11 +123,36 @@ impl KafkaSink {
 
     fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
+        if self.cfg.auth.as_deref() == Some("google") {
+            // Google Cloud Managed Service for Apache Kafka: TLS + OAUTHBEARER (overridable)
+            c.set("security.protocol", "SASL_SSL").set("sasl.mechanism", "OAUTHBEARER");
+        }
         for (k, v) in &self.cfg.properties {
             c.set(k, v);
         }
         c.set("bootstrap.servers", &self.cfg.bootstrap_servers);
         c
+    }
+
+    /// The client context: Google tokens for OAUTHBEARER when `auth = "google"` (created once per sink).
+    fn context(&mut self) -> Result<KafkaContext> {
+        if let Some(c) = &self.context {
+            return Ok(c.clone());
+        }
+        let c = match self.cfg.auth.as_deref() {
+            Some("google") => {
+                let key_file = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok();
+                let principal = self.cfg.principal.clone().or_else(|| key_file.as_deref().and_then(auth::key_file_principal)).ok_or_else(|| {
+                    Error::Config(vec![
+                        "kafka.principal: the service account e-mail OAUTHBEARER presents; set it, or GOOGLE_APPLICATION_CREDENTIALS to a key file".into(),
+                    ])
+                })?;
+                KafkaContext::google(crate::auth::TokenSource::google(None), principal)
+            }
+            _ => KafkaContext::default(),
+        };
+        self.context = Some(c.clone());
+        Ok(c)
     }
 
     fn error(&self, what: &str, e: KafkaError) -> Error {
@@ -171,7 +199,8 @@ impl KafkaSink {
         if !self.cfg.properties.contains_key("transaction.timeout.ms") {
             c.set("transaction.timeout.ms", "60000");
         }
-        let p: Prod = c.create().map_err(|e| self.error("creating the producer", e))?;
+        let ctx = self.context()?;
+        let p: Prod = c.create_with_context(ctx).map_err(|e| self.error("creating the producer", e))?;
         self.producer = Some(Arc::new(p));
         self.ensure_progress_topic().await?;
         // fences an older instance of this pipeline and aborts whatever it left open
@@ -180,7 +209,8 @@ impl KafkaSink {
     }
 
     async fn ensure_progress_topic(&self) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> = self.client_config().create().map_err(|e| self.error("creating the admin client", e))?;
+        let ctx = self.context.clone().unwrap_or_default();
+        let admin: AdminClient<KafkaContext> = self.client_config().create_with_context(ctx).map_err(|e| self.error("creating the admin client", e))?;
         let topic = NewTopic::new(&self.cfg.progress_topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
         let res = admin.create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
         match res {
@@ -209,7 +239,8 @@ impl KafkaSink {
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest");
-        let consumer: BaseConsumer = c.create().map_err(|e| self.error("creating the progress reader", e))?;
+        let ctx = self.context.clone().unwrap_or_default();
+        let consumer: BaseConsumer<KafkaContext> = c.create_with_context(ctx).map_err(|e| self.error("creating the progress reader", e))?;
         let topic = self.cfg.progress_topic.clone();
         let key = self.pipeline.clone();
         let fetch = tokio::task::spawn_blocking(move || -> std::result::Result<Option<Vec<u8>>, KafkaError> {
