@@ -34,7 +34,7 @@ fn main() {
         let cfg = root.join(format!("{format}.toml"));
         std::fs::write(
             &cfg,
-            format!("{text}\n[kafka]\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"bench-{format}\"\nformat = \"{format}\"\ninitial = \"earliest\"\nproperties = {{ \"compression.type\" = \"lz4\", \"linger.ms\" = \"20\" }}\n"),
+            format!("{text}\n[kafka]\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"bench-{format}\"\nformat = \"{format}\"\ninitial = \"earliest\"\ntransactional_id = \"bench-{format}\"\nprogress_topic = \"bench-{format}-progress\"\nproperties = {{ \"compression.type\" = \"lz4\", \"linger.ms\" = \"20\" }}\n"),
         )
         .unwrap();
         let json = root.join(format!("{format}.json"));
