@@ -90,7 +90,10 @@ mod tests {
         let d = |s: &str| String::from_utf8(base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).unwrap()).unwrap();
         assert_eq!(d(parts[0]), r#"{"typ":"JWT","alg":"GOOG_OAUTH2_TOKEN"}"#);
         let c: serde_json::Value = serde_json::from_str(&d(parts[1])).unwrap();
-        assert_eq!((c["iss"].as_str(), c["scope"].as_str(), c["sub"].as_str(), c["exp"].as_u64()), (Some("Google"), Some("kafka"), Some("sa@p.iam.gserviceaccount.com"), Some(4600)));
+        assert_eq!(
+            (c["iss"].as_str(), c["scope"].as_str(), c["sub"].as_str(), c["exp"].as_u64()),
+            (Some("Google"), Some("kafka"), Some("sa@p.iam.gserviceaccount.com"), Some(4600))
+        );
         assert_eq!(d(parts[2]), "ya29.secret");
         assert_eq!(lifetime, 4_600_000);
     }

@@ -144,7 +144,8 @@ impl KafkaSink {
                 let key_file = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok();
                 let principal = self.cfg.principal.clone().or_else(|| key_file.as_deref().and_then(auth::key_file_principal)).ok_or_else(|| {
                     Error::Config(vec![
-                        "kafka.principal: the service account e-mail OAUTHBEARER presents; set it, or GOOGLE_APPLICATION_CREDENTIALS to a key file".into(),
+                        "kafka.principal: the service account e-mail OAUTHBEARER presents; set it, or GOOGLE_APPLICATION_CREDENTIALS to a key file"
+                            .into(),
                     ])
                 })?;
                 KafkaContext::google(crate::auth::TokenSource::google(None), principal)
@@ -210,7 +211,8 @@ impl KafkaSink {
 
     async fn ensure_progress_topic(&self) -> Result<()> {
         let ctx = self.context.clone().unwrap_or_default();
-        let admin: AdminClient<KafkaContext> = self.client_config().create_with_context(ctx).map_err(|e| self.error("creating the admin client", e))?;
+        let admin: AdminClient<KafkaContext> =
+            self.client_config().create_with_context(ctx).map_err(|e| self.error("creating the admin client", e))?;
         let topic = NewTopic::new(&self.cfg.progress_topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
         let res = admin.create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await;
         match res {
