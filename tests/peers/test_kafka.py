@@ -354,3 +354,18 @@ def test_service_fan_out(spark, warehouse, kafka, tmp_path):
     assert "sink=iceberg:fan.svc_replica+kafka:" in text, "one loop for both sinks"
     assert spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src)
     assert {k: v["v"] for k, v in state.items()} == {key_of({"id": 1}): "a2", key_of({"id": 3}): "c", key_of({"id": 4}): "d"}
+
+
+def test_initial_latest_publishes_only_what_comes_after(spark, warehouse, kafka, tmp_path):
+    topic = f"latest-{uuid.uuid4().hex[:8]}"
+    src = f"{CAT}.db.latest_src"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO {src} VALUES (1, 'old'), (2, 'old')")
+    cfg = config(tmp_path, warehouse, "db.latest_src", kafka_section(kafka["bootstrap"], topic, initial="latest"))
+    run_cdc("sync", "--config", cfg)  # records the current snapshot, publishes nothing
+    spark.sql(f"INSERT INTO {src} VALUES (3, 'new')")
+    run_cdc("sync", "--config", cfg)
+    got = consume(kafka["bootstrap"], topic, idle=4)
+    assert [(json.loads(v)["id"], json.loads(v)["_change_type"]) for _, _, v, _ in got] == [(3, "INSERT")]

@@ -247,6 +247,7 @@ impl KafkaSink {
         let key = self.pipeline.clone();
         let fetch = tokio::task::spawn_blocking(move || -> std::result::Result<Option<Vec<u8>>, KafkaError> {
             let (_, high) = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(30))?;
+            tracing::debug!(topic, high, "reading the progress topic");
             if high <= 0 {
                 return Ok(None);
             }
@@ -441,9 +442,17 @@ impl Sink for KafkaSink {
                     self.progress_record(source, Some(at), 0)?;
                     self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
                     self.transactions += 1;
-                    progress = self.read_progress().await?;
+                    // what was just committed (reading it back right away can race a new topic's leader election)
+                    progress = Some(Progress {
+                        source_uuid: source.uuid.clone(),
+                        snapshot_id: Some(at.0),
+                        sequence_number: Some(at.1),
+                        partial_rows: 0,
+                        written_at_ms: chrono::Utc::now().timestamp_millis(),
+                    });
                 }
             }
+            tracing::debug!(pipeline = %self.pipeline, progress = ?progress, "Kafka sink progress");
             self.progress = progress;
             Ok(self.progress.as_ref().and_then(|p| p.snapshot_id))
         }
