@@ -125,6 +125,10 @@ impl Encoder {
             KafkaFormat::Json => Some(change::for_output(batch, &change::output_schema(&schema))?),
             KafkaFormat::Debezium => None,
         };
+        let all_cols: Vec<usize> = output.as_ref().map(|o| (0..o.num_columns()).collect()).unwrap_or_default();
+        let all_keys = output.as_ref().map(|o| keys(o, &all_cols)).unwrap_or_default();
+        let key_keys = keys(batch, &key_cols);
+        let data_keys = keys(batch, &data_cols);
         for row in 0..batch.num_rows() {
             let meta = RowMeta {
                 change: ChangeType::from_code(types.value(row)).ok_or_else(|| Error::Internal("unknown change type code".into()))?,
@@ -133,28 +137,30 @@ impl Encoder {
                 commit_ms: ts.value(row) / 1000,
                 ordinal: ords.value(row),
             };
-            let key = if key_cols.is_empty() { None } else { Some(object(batch, &key_cols, row)?) };
+            let key = if key_cols.is_empty() { None } else { Some(object(batch, &key_cols, &key_keys, row)?) };
             match (&output, self.format) {
                 (Some(o), _) => {
-                    let value = object(o, &(0..o.num_columns()).collect::<Vec<_>>(), row)?;
+                    let value = object(o, &all_cols, &all_keys, row)?;
                     out.push((message(key, Some(value), meta), 1));
                 }
-                (None, _) => self.debezium(batch, &data_cols, row, key, meta, out)?,
+                (None, _) => self.debezium(batch, &data_cols, &data_keys, row, key, meta, out)?,
             }
         }
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn debezium(
         &mut self,
         batch: &RecordBatch,
         data_cols: &[usize],
+        data_keys: &[String],
         row: usize,
         key: Option<String>,
         meta: RowMeta,
         out: &mut Vec<(Message, u64)>,
     ) -> Result<()> {
-        let image = object(batch, data_cols, row)?;
+        let image = object(batch, data_cols, data_keys, row)?;
         match meta.change {
             ChangeType::UpdateBefore => {
                 if let Some(p) = self.pending.take() {
@@ -247,18 +253,30 @@ fn message(key: Option<String>, value: Option<String>, m: RowMeta) -> Message {
     Message { key, value, change_type: m.change.as_str(), snapshot_id: m.snapshot_id, sequence_number: m.sequence_number, ordinal: m.ordinal }
 }
 
-/// `{"name": value, ...}` of the columns `cols` of `row` (Iceberg single-value JSON for the values).
-fn object(batch: &RecordBatch, cols: &[usize], row: usize) -> Result<String> {
+/// The JSON object keys (`"name":`) of `cols`, encoded once per batch.
+fn keys(batch: &RecordBatch, cols: &[usize]) -> Vec<String> {
     let schema = batch.schema();
-    let mut s = String::from("{");
-    for (n, i) in cols.iter().enumerate() {
+    cols.iter()
+        .map(|i| {
+            let mut k = serde_json::to_string(schema.field(*i).name()).expect("strings serialize");
+            k.push(':');
+            k
+        })
+        .collect()
+}
+
+/// `{"name": value, ...}` of the columns `cols` of `row` (Iceberg single-value JSON for the values); `keys` from
+/// [`keys`].
+fn object(batch: &RecordBatch, cols: &[usize], keys: &[String], row: usize) -> Result<String> {
+    let schema = batch.schema();
+    let mut s = String::with_capacity(32 * cols.len() + 2);
+    s.push('{');
+    for (n, (i, k)) in cols.iter().zip(keys).enumerate() {
         if n > 0 {
             s.push(',');
         }
-        let f = schema.field(*i);
-        push_str(&mut s, f.name());
-        s.push(':');
-        json_value(&mut s, batch.column(*i).as_ref(), f, row)?;
+        s.push_str(k);
+        json_value(&mut s, batch.column(*i).as_ref(), schema.field(*i), row)?;
     }
     s.push('}');
     Ok(s)

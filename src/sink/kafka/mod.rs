@@ -324,13 +324,13 @@ impl KafkaSink {
         self.send(&self.cfg.progress_topic.clone(), Some(&self.pipeline.clone()), Some(&v), None)
     }
 
-    fn produce(&mut self, m: &Message) -> Result<u64> {
+    fn produce(&self, m: &Message) -> Result<u64> {
         let h = OwnedHeaders::new()
             .insert(Header { key: headers::CHANGE_TYPE, value: Some(m.change_type) })
             .insert(Header { key: headers::SNAPSHOT_ID, value: Some(&m.snapshot_id.to_string()) })
             .insert(Header { key: headers::SEQUENCE_NUMBER, value: Some(&m.sequence_number.to_string()) })
             .insert(Header { key: headers::ORDINAL, value: Some(&m.ordinal.to_string()) });
-        self.send(&self.topic.clone(), m.key.as_deref(), m.value.as_deref(), Some(h))?;
+        self.send(&self.topic, m.key.as_deref(), m.value.as_deref(), Some(h))?;
         Ok((m.key.as_ref().map_or(0, String::len) + m.value.as_ref().map_or(0, String::len)) as u64)
     }
 
