@@ -20,41 +20,26 @@ if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "i
   "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
 fi
 
-jar="$PEERS_DIR/jars/iceberg-spark-runtime-3.5_2.12-$ICEBERG_VERSION.jar"
-if [ ! -s "$jar" ]; then
-  echo "setup-peers: fetching iceberg-spark-runtime-3.5_2.12:$ICEBERG_VERSION" >&2
-  mvn -q -B dependency:copy \
-    -Dartifact="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:$ICEBERG_VERSION:jar" \
-    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
-fi
-test -s "$jar"
+# fetch_jar GROUP:ARTIFACT:VERSION DIR: one jar from Maven Central into DIR, unless it is already there
+fetch_jar() {
+  local coords="$1" dir="$2" artifact version
+  artifact=$(echo "$coords" | cut -d: -f2); version=$(echo "$coords" | cut -d: -f3)
+  mkdir -p "$dir"
+  if [ ! -s "$dir/$artifact-$version.jar" ]; then
+    echo "setup-peers: fetching $artifact:$version" >&2
+    mvn -q -B dependency:copy -Dartifact="$coords:jar" -DoutputDirectory="$dir" -Dmdep.overWriteIfNewer=true >&2
+  fi
+  test -s "$dir/$artifact-$version.jar"
+}
 
+fetch_jar "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:$ICEBERG_VERSION" "$PEERS_DIR/jars"
 # Iceberg's GCS FileIO for Spark (1.10.1 of the bundle is not on Maven Central; 1.10.0 works with the 1.10.1 runtime)
-GCP_BUNDLE_VERSION="${GCP_BUNDLE_VERSION:-1.10.0}"
-gcp_jar="$PEERS_DIR/jars/iceberg-gcp-bundle-$GCP_BUNDLE_VERSION.jar"
-if [ ! -s "$gcp_jar" ]; then
-  echo "setup-peers: fetching iceberg-gcp-bundle:$GCP_BUNDLE_VERSION" >&2
-  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-gcp-bundle:$GCP_BUNDLE_VERSION:jar" \
-    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
-fi
-test -s "$gcp_jar"
+fetch_jar "org.apache.iceberg:iceberg-gcp-bundle:${GCP_BUNDLE_VERSION:-1.10.0}" "$PEERS_DIR/jars"
 # ... and S3 FileIO (the AWS SDK bundle) for the S3 tests against moto
-aws_jar="$PEERS_DIR/jars/iceberg-aws-bundle-$ICEBERG_VERSION.jar"
-if [ ! -s "$aws_jar" ]; then
-  echo "setup-peers: fetching iceberg-aws-bundle:$ICEBERG_VERSION" >&2
-  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-aws-bundle:$ICEBERG_VERSION:jar" \
-    -DoutputDirectory="$PEERS_DIR/jars" -Dmdep.overWriteIfNewer=true >&2
-fi
-test -s "$aws_jar"
-
+fetch_jar "org.apache.iceberg:iceberg-aws-bundle:$ICEBERG_VERSION" "$PEERS_DIR/jars"
 # the Iceberg REST catalog server (all-in-one jar, run by scripts/rest-catalog.sh)
-REST_VERSION="${REST_VERSION:-1.10.1}"
-mkdir -p "$PEERS_DIR/rest"
-if [ ! -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar" ]; then
-  echo "setup-peers: fetching iceberg-open-api:$REST_VERSION (REST catalog server)" >&2
-  mvn -q -B dependency:copy -Dartifact="org.apache.iceberg:iceberg-open-api:$REST_VERSION:jar" -DoutputDirectory="$PEERS_DIR/rest" >&2
-fi
-test -s "$PEERS_DIR/rest/iceberg-open-api-$REST_VERSION.jar"
+fetch_jar "org.apache.iceberg:iceberg-open-api:${REST_VERSION:-1.10.1}" "$PEERS_DIR/rest"
+
 # Apache Kafka 4.1 (KRaft) and Kafka Connect from Maven Central jars (run by scripts/kafka.sh)
 PEERS_DIR="$PEERS_DIR" bash "$here/scripts/kafka.sh" install
 test -d "$PEERS_DIR/kafka/lib"

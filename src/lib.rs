@@ -3,6 +3,7 @@
 //! Data flows one way: `source` (lineage, planning, reading, the changelog scan) → `change` (row types and metadata
 //! columns) → `pipeline` (the only module that sees both sides) → outputs and sinks.
 pub mod auth;
+mod backoff;
 pub mod catalog;
 pub mod change;
 pub mod config;

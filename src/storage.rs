@@ -299,7 +299,8 @@ fn split_bucket(path: &str) -> iceberg::Result<(&str, &str)> {
     }
 }
 
-fn truthy(v: Option<&String>) -> bool {
+/// Whether a property is set to a true value (`true`, `1`, `yes`, `on`; any case).
+pub(crate) fn truthy(v: Option<&String>) -> bool {
     v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on"))
 }
 

@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 use crate::auth::{Token, TokenSource};
 use crate::error::{Error, Result};
-use crate::storage::{self, props as sp, CdcStorageFactory, GoogleStorageToken, StorageCredentials};
+use crate::storage::{self, props as sp, truthy, CdcStorageFactory, GoogleStorageToken, StorageCredentials};
 
 /// Catalog property keys of the REST client.
 pub mod keys {
@@ -115,10 +115,6 @@ fn server_message(body: &str) -> String {
         Ok(e) => format!("{}: {}", e.error.kind, e.error.message),
         Err(_) => body.chars().take(500).collect(),
     }
-}
-
-fn truthy(v: Option<&String>) -> bool {
-    v.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on"))
 }
 
 impl RestClient {
@@ -234,7 +230,7 @@ impl RestClient {
             if !transient || attempt >= READ_ATTEMPTS {
                 return r.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true));
             }
-            let delay = Duration::from_millis(200 * 2u64.pow(attempt)) + Duration::from_millis(rand_ms(200));
+            let delay = crate::backoff::delay(Duration::from_millis(200), attempt);
             tracing::debug!(catalog = %self.label, url, attempt, "transient catalog error; retrying in {delay:?}");
             tokio::time::sleep(delay).await;
         }
@@ -444,12 +440,6 @@ impl StorageCredentials for VendedCredentials {
             self.state.lock().await.token.expires_at = Some(SystemTime::UNIX_EPOCH);
         })
     }
-}
-
-/// A few hundred milliseconds of jitter without a random-number crate: the clock's sub-second noise.
-fn rand_ms(max: u64) -> u64 {
-    let n = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
-    n % max.max(1)
 }
 
 fn urlencode(s: &str) -> String {

@@ -2,6 +2,7 @@
 it writes, plus a helper that runs the real `cdc` binary."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,15 @@ def spark(warehouse, rest_catalog, sql_target):
 def spark_tables(spark):
     spark_workloads.build(spark, list(spark_workloads.TABLES))
     return list(spark_workloads.TABLES)
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 right now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def write_config(path, table, warehouse, extra="", target=""):

@@ -45,6 +45,10 @@ class Gcp:
         lines += [f'{json.dumps(k)} = {json.dumps(v)}' for k, v in extra.items()]
         return "\n".join(lines) + "\n"
 
+    def sync(self, cfg, *args):
+        """`cdc sync` with this stack's Google credentials."""
+        return subprocess.run([CDC, "sync", "--config", cfg, *args], capture_output=True, text=True, env=self.env())
+
     def objects(self, prefix):
         url = f"{self.gcs_url}/storage/v1/b/{BUCKET}/o?prefix={prefix}&maxResults=100000"
         with urllib.request.urlopen(url) as r:
@@ -132,14 +136,14 @@ def test_sync_gs_to_gs_with_expiring_credentials(spark, gcp, tmp_path):
     google0, vended0 = gcp.tokens.count("google"), gcp.catalog_proxy.vended
     cfg = config(tmp_path, gcp, "db.g_mor_v3", "repl.g_mor_v3", "format_version = 3")
     t0 = time.time()
-    p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg)
     assert p.returncode == 0, p.stderr
     assert_same(spark, src, f"{GSCAT}.repl.g_mor_v3")
     assert gcp.tokens.count("google") > google0, "cdc did not use the service account's tokens"
     assert gcp.catalog_proxy.vended > vended0, "cdc did not ask for vended storage credentials"
     assert gcp.storage_proxy.refusals == [], f"storage requests with an invalid token: {gcp.storage_proxy.refusals[:3]}"
     # a second sync finds nothing new, and the target's progress is its own
-    p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg)
     assert p.returncode == 0, p.stderr
     assert_same(spark, src, f"{GSCAT}.repl.g_mor_v3")
     assert orphans(spark, gcp, f"{GSCAT}.repl.g_mor_v3", "repl", "g_mor_v3") == set()
@@ -206,8 +210,7 @@ def test_faults_between_cdc_and_storage_and_catalog(spark, gcp, tmp_path):
     src = spark_source(spark, "g_faults", "mor_v2")
     cfg = config(tmp_path, gcp, "db.g_faults", "repl.g_faults", "snapshots_per_commit = 3\nretry_backoff = \"100ms\"")
     # the first run copies the table at its second snapshot; the faults hit the incremental run after it
-    p = subprocess.run([CDC, "sync", "--config", cfg, "--to-snapshot", str(snapshot_ids(spark, src)[1])],
-                       capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg, "--to-snapshot", str(snapshot_ids(spark, src)[1]))
     assert p.returncode == 0, p.stderr
     sp, cp = gcp.storage_proxy, gcp.catalog_proxy
     sp.inject("POST", r"/upload/", "503", 2)          # uploads answered 503: retried by the storage layer
@@ -216,7 +219,7 @@ def test_faults_between_cdc_and_storage_and_catalog(spark, gcp, tmp_path):
     cp.inject("POST", r"/tables/g_faults$", "503_after", 1)  # commit applied, answer lost: must not apply twice
     cp.inject("POST", r"/tables/g_faults$", "drop", 1)       # commit never reached the server: applied later
     cp.inject("GET", r"/tables/g_faults", "503", 2)          # loads answered 503: retried
-    p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg)
     assert p.returncode == 0, p.stderr
     assert sp.pending_faults() == 0 and cp.pending_faults() == 0, f"faults never hit: {sp.faults} {cp.faults}"
     assert_same(spark, src, f"{GSCAT}.repl.g_faults")
@@ -226,19 +229,18 @@ def test_faults_between_cdc_and_storage_and_catalog(spark, gcp, tmp_path):
 def test_a_commit_that_keeps_failing_leaves_nothing_behind(spark, gcp, tmp_path):
     src = spark_source(spark, "g_fail", "cow_v2")
     cfg = config(tmp_path, gcp, "db.g_fail", "repl.g_fail", "commit_retries = 2\nretry_backoff = \"100ms\"")
-    p = subprocess.run([CDC, "sync", "--config", cfg, "--to-snapshot", str(snapshot_ids(spark, src)[2])],
-                       capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg, "--to-snapshot", str(snapshot_ids(spark, src)[2]))
     assert p.returncode == 0, p.stderr
     before = snapshot_ids(spark, f"{GSCAT}.repl.g_fail")
     gcp.catalog_proxy.inject("POST", r"/tables/g_fail$", "503", 50)
-    p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg)
     gcp.catalog_proxy.faults.clear()
     assert p.returncode == 9, p.stderr
     assert "503" in p.stderr, p.stderr
     assert snapshot_ids(spark, f"{GSCAT}.repl.g_fail") == before, "a failed run changed the target"
     assert orphans(spark, gcp, f"{GSCAT}.repl.g_fail", "repl", "g_fail") == set(), "a failed run left files behind"
     # and the next run completes
-    p = subprocess.run([CDC, "sync", "--config", cfg], capture_output=True, text=True, env=gcp.env())
+    p = gcp.sync(cfg)
     assert p.returncode == 0, p.stderr
     assert_same(spark, src, f"{GSCAT}.repl.g_fail")
 

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import CDC, ROOT, cdc_changes, run_cdc, write_config
+from conftest import CDC, ROOT, cdc_changes, free_port, run_cdc, write_config
 from spark_workloads import CAT
 
 KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka.sh")
@@ -56,6 +56,33 @@ def kafka_section(bootstrap, topic, **extra):
     lines = [f'bootstrap_servers = "{bootstrap}"', f'topic = "{topic}"', f'progress_topic = "{topic}-progress"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
     return "[kafka]\n" + "\n".join(lines) + "\n"
+
+
+def keyed_table(spark, name, rows=None, props=""):
+    """A fresh two-column table `db.<name>` keyed by `id` (Spark), with `rows` inserted; returns its Spark name."""
+    src = f"{CAT}.db.{name}"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2'{props})")
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    if rows:
+        spark.sql(f"INSERT INTO {src} VALUES {rows}")
+    return src
+
+
+def service_config(tmp_path, warehouse, pipeline, table, sinks):
+    """A `cdc run` file: one pipeline reading `db.<table>` of the hadoop warehouse into `sinks` ([[pipelines.sinks]] text)."""
+    svc = tmp_path / "service.toml"
+    svc.write_text(
+        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
+        f'[[pipelines]]\nname = "{pipeline}"\nsource = {{ catalog = "lake", table = "db.{table}" }}\n\n{sinks}'
+    )
+    return svc
+
+
+def kafka_sink(kafka, topic, **extra):
+    lines = ['[[pipelines.sinks]]', 'type = "kafka"', f'bootstrap_servers = "{kafka["bootstrap"]}"', f'topic = "{topic}"',
+             f'progress_topic = "{topic}-progress"'] + [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
 
 
 def config(tmp_path, warehouse, table, section, name="cdc.toml"):
@@ -159,17 +186,8 @@ def test_sigkills_mid_stream_still_exactly_once(spark_tables, warehouse, kafka, 
 
 def test_second_instance_fences_the_first(spark, warehouse, kafka, tmp_path):
     topic = f"fence-{uuid.uuid4().hex[:8]}"
-    src = f"{CAT}.db.fence_src"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, name STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.sql(f"INSERT INTO {src} VALUES (1, 'a'), (2, 'b')")
-    svc = tmp_path / "service.toml"
-    svc.write_text(
-        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
-        f'[[pipelines]]\nname = "fence-me"\nsource = {{ catalog = "lake", table = "db.fence_src" }}\n\n'
-        f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\n'
-    )
+    src = keyed_table(spark, "fence_src", "(1, 'a'), (2, 'b')")
+    svc = service_config(tmp_path, warehouse, "fence-me", "fence_src", kafka_sink(kafka, topic))
     logs = [open(tmp_path / f"svc{i}.log", "w") for i in range(2)]
     first = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=logs[0], stderr=subprocess.STDOUT)
     second = None
@@ -208,7 +226,7 @@ def test_kafka_connect_reads_the_debezium_topic(spark_tables, warehouse, kafka, 
     assert n > 0
     peers = os.environ.get("PEERS_DIR", os.path.join(ROOT, ".peers"))
     out = tmp_path / "connect-out.txt"
-    port = __import__("gcp_fake").free_port()
+    port = free_port()
     (tmp_path / "worker.properties").write_text("\n".join([
         f"bootstrap.servers={kafka['bootstrap']}",
         "key.converter=org.apache.kafka.connect.storage.StringConverter",
@@ -254,17 +272,8 @@ def test_kafka_connect_reads_the_debezium_topic(spark_tables, warehouse, kafka, 
 def test_broker_restart_mid_stream(spark, warehouse, kafka, tmp_path):
     """The service keeps publishing while the broker is killed and restarted: nothing lost, nothing twice."""
     topic = f"restart-{uuid.uuid4().hex[:8]}"
-    src = f"{CAT}.db.restart_src"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    svc = tmp_path / "service.toml"
-    svc.write_text(
-        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
-        f'[[pipelines]]\nname = "restart"\nsource = {{ catalog = "lake", table = "db.restart_src" }}\n\n'
-        f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\n'
-        f'initial = "earliest"\nformat = "json"\n'
-    )
+    src = keyed_table(spark, "restart_src")
+    svc = service_config(tmp_path, warehouse, "restart", "restart_src", kafka_sink(kafka, topic, initial="earliest", format="json"))
     log = open(tmp_path / "svc.log", "w")
     svc_p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -317,18 +326,9 @@ def test_fan_out_iceberg_and_kafka_from_one_read(spark, spark_tables, warehouse,
 
 def test_service_fan_out(spark, warehouse, kafka, tmp_path):
     topic = f"svcfan-{uuid.uuid4().hex[:8]}"
-    src = f"{CAT}.db.fan_src"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2', 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')")
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.sql(f"INSERT INTO {src} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
-    svc = tmp_path / "service.toml"
-    svc.write_text(
-        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
-        f'[[pipelines]]\nname = "svcfan"\nsource = {{ catalog = "lake", table = "db.fan_src" }}\n\n'
-        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\n\n'
-        f'[[pipelines.sinks]]\ntype = "kafka"\nbootstrap_servers = "{kafka["bootstrap"]}"\ntopic = "{topic}"\nprogress_topic = "{topic}-progress"\nformat = "debezium"\n'
-    )
+    src = keyed_table(spark, "fan_src", "(1, 'a'), (2, 'b'), (3, 'c')", ", 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read'")
+    iceberg = '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\n\n'
+    svc = service_config(tmp_path, warehouse, "svcfan", "fan_src", iceberg + kafka_sink(kafka, topic, format="debezium"))
     log = open(tmp_path / "svc.log", "w")
     p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -358,11 +358,7 @@ def test_service_fan_out(spark, warehouse, kafka, tmp_path):
 
 def test_initial_latest_publishes_only_what_comes_after(spark, warehouse, kafka, tmp_path):
     topic = f"latest-{uuid.uuid4().hex[:8]}"
-    src = f"{CAT}.db.latest_src"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    spark.sql(f"CREATE TABLE {src} (id BIGINT NOT NULL, v STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.sql(f"INSERT INTO {src} VALUES (1, 'old'), (2, 'old')")
+    src = keyed_table(spark, "latest_src", "(1, 'old'), (2, 'old')")
     cfg = config(tmp_path, warehouse, "db.latest_src", kafka_section(kafka["bootstrap"], topic, initial="latest"))
     run_cdc("sync", "--config", cfg)  # records the current snapshot, publishes nothing
     spark.sql(f"INSERT INTO {src} VALUES (3, 'new')")

@@ -9,8 +9,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import CDC, ROOT
-from gcp_fake import free_port
+from conftest import CDC, ROOT, free_port
 from spark_workloads import TABLES, workload
 
 BUCKET = "cdc-s3"

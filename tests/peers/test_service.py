@@ -5,23 +5,14 @@ by Spark equals its source within a few polls, and /metrics shows lag 0 for ever
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 
-from conftest import CDC, spark_table
+from conftest import CDC, free_port, spark_table
 from spark_workloads import CAT, rows, table_props
 
 LIVE = [("live_cow_v2", 2, "copy-on-write", "hadoop"), ("live_mor_v2", 2, "merge-on-read", "sql"), ("live_mor_v3", 3, "merge-on-read", "rest")]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def metrics(port):

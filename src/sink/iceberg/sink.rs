@@ -227,10 +227,8 @@ impl<'c> IcebergSink<'c> {
                 Err(e) if e.is_retryable() && attempt + 1 < self.cfg.commit_retries => {
                     attempt += 1;
                     self.retries += 1;
-                    let base_ms = self.cfg.retry_backoff.as_millis() as u64 * (1u64 << attempt.min(10));
-                    let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % (base_ms / 2 + 1);
                     tracing::warn!(error = %e, attempt, "target commit failed, retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(base_ms / 2 + jitter)).await;
+                    tokio::time::sleep(crate::backoff::delay(self.cfg.retry_backoff, attempt)).await;
                     target = self.catalog.load_table(&self.cfg.table).await?;
                     self.table = Some(target.clone());
                     let now = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);

@@ -56,6 +56,19 @@ pub struct Progress {
     pub written_at_ms: i64,
 }
 
+impl Progress {
+    /// Progress of `source` at `snapshot` (id, sequence number), `partial_rows` into what follows it, as of now.
+    fn at(source: &SourceInfo, snapshot: Option<(i64, i64)>, partial_rows: u64) -> Self {
+        Progress {
+            source_uuid: source.uuid.clone(),
+            snapshot_id: snapshot.map(|s| s.0),
+            sequence_number: snapshot.map(|s| s.1),
+            partial_rows,
+            written_at_ms: chrono::Utc::now().timestamp_millis(),
+        }
+    }
+}
+
 type Prod = ThreadedProducer<KafkaContext>;
 
 struct Open {
@@ -312,16 +325,10 @@ impl KafkaSink {
         }
     }
 
-    fn progress_record(&self, source: &SourceInfo, snapshot: Option<(i64, i64)>, partial_rows: u64) -> Result<()> {
-        let p = Progress {
-            source_uuid: source.uuid.clone(),
-            snapshot_id: snapshot.map(|s| s.0),
-            sequence_number: snapshot.map(|s| s.1),
-            partial_rows,
-            written_at_ms: chrono::Utc::now().timestamp_millis(),
-        };
-        let v = serde_json::to_string(&p).map_err(|e| Error::Internal(e.to_string()))?;
-        self.send(&self.cfg.progress_topic.clone(), Some(&self.pipeline.clone()), Some(&v), None)
+    /// Produces `p` to the progress topic (inside the open transaction).
+    fn progress_record(&self, p: &Progress) -> Result<()> {
+        let v = serde_json::to_string(p).map_err(|e| Error::Internal(e.to_string()))?;
+        self.send(&self.cfg.progress_topic, Some(&self.pipeline), Some(&v), None)
     }
 
     fn produce(&self, m: &Message) -> Result<u64> {
@@ -340,7 +347,8 @@ impl KafkaSink {
             let o = self.open.as_ref().ok_or_else(|| Error::Internal("no open transaction".into()))?;
             (o.base, o.base_seq, o.rows_done)
         };
-        self.progress_record(source, base.zip(base_seq), rows_done)?;
+        let progress = Progress::at(source, base.zip(base_seq), rows_done);
+        self.progress_record(&progress)?;
         self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
         self.transactions += 1;
         self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
@@ -348,13 +356,7 @@ impl KafkaSink {
             o.rows_in_txn = 0;
             o.bytes_in_txn = 0;
         }
-        self.progress = Some(Progress {
-            source_uuid: source.uuid.clone(),
-            snapshot_id: base,
-            sequence_number: base_seq,
-            partial_rows: rows_done,
-            written_at_ms: chrono::Utc::now().timestamp_millis(),
-        });
+        self.progress = Some(progress);
         Ok(())
     }
 
@@ -438,18 +440,13 @@ impl Sink for KafkaSink {
                 // start after the current snapshot, durably, before any change is read
                 if let Some(cur) = source.metadata.current_snapshot() {
                     let at = (cur.snapshot_id(), cur.sequence_number());
+                    let p = Progress::at(source, Some(at), 0);
                     self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
-                    self.progress_record(source, Some(at), 0)?;
+                    self.progress_record(&p)?;
                     self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
                     self.transactions += 1;
                     // what was just committed (reading it back right away can race a new topic's leader election)
-                    progress = Some(Progress {
-                        source_uuid: source.uuid.clone(),
-                        snapshot_id: Some(at.0),
-                        sequence_number: Some(at.1),
-                        partial_rows: 0,
-                        written_at_ms: chrono::Utc::now().timestamp_millis(),
-                    });
+                    progress = Some(p);
                 }
             }
             tracing::debug!(pipeline = %self.pipeline, progress = ?progress, "Kafka sink progress");
@@ -517,16 +514,11 @@ impl Sink for KafkaSink {
                 return Err(Error::Cancelled);
             }
             // rows still to skip reach into the next chunk (a restart planned shorter chunks than before)
-            self.progress_record(source, Some(open.last), open.skip)?;
+            let progress = Progress::at(source, Some(open.last), open.skip);
+            self.progress_record(&progress)?;
             self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
             self.transactions += 1;
-            self.progress = Some(Progress {
-                source_uuid: source.uuid.clone(),
-                snapshot_id: Some(open.last.0),
-                sequence_number: Some(open.last.1),
-                partial_rows: open.skip,
-                written_at_ms: chrono::Utc::now().timestamp_millis(),
-            });
+            self.progress = Some(progress);
             let mut stats = open.stats;
             stats.seconds = open.started.elapsed().as_secs_f64();
             Ok(Committed::Done { id: open.last.0, stats })
