@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use arrow_array::{BooleanArray, RecordBatch};
 use arrow_row::RowConverter;
 use arrow_schema::SchemaRef;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use iceberg::io::FileIO;
 use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotRef, Type};
 use iceberg::table::Table;
@@ -21,11 +21,11 @@ use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
+use crate::source::carry::{self, CarryOver};
 use crate::source::files::{self, FileEntry};
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::spec::lineage;
-use crate::spec::rowenc;
 
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
@@ -242,7 +242,8 @@ impl<'a> ChangelogScan<'a> {
         let totals = if carry_over {
             self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?
         } else {
-            self.push_rows(snapshot, jobs, &data_schema, schema_id, &mut |side, b| netter.push(side, b)).await?
+            let read = ReadSpec { schema: &data_schema, schema_id, fingerprint: false };
+            self.push_rows(snapshot, jobs, &read, self.opts.concurrency, &mut |rows| netter.push(rows.side, rows.batch)).await?
         };
         (stats.files_read, stats.rows_read, stats.bytes_read) = totals;
 
@@ -276,6 +277,14 @@ impl<'a> ChangelogScan<'a> {
     }
 }
 
+/// What a read decodes: the schema (its id keys equality-delete converters) and whether rows come with their
+/// fingerprints.
+struct ReadSpec<'s> {
+    schema: &'s SchemaRef,
+    schema_id: i32,
+    fingerprint: bool,
+}
+
 /// One data file to read, with the deletes of the state before and after.
 #[derive(Clone)]
 struct FileJob {
@@ -302,14 +311,23 @@ fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
     a.iter().all(|f| b.contains(&id(f)))
 }
 
-type FileRows = tokio::sync::mpsc::Receiver<Result<(Side, RecordBatch)>>;
+/// Rows one file lost or gained, with their whole-row fingerprints when the read asked for them.
+struct FileRows {
+    side: Side,
+    batch: RecordBatch,
+    fps: Option<Vec<u128>>,
+}
+
+type RowsRx = tokio::sync::mpsc::Receiver<Result<FileRows>>;
 type ReadTotals = tokio::task::JoinHandle<Result<(u64, u64, u64)>>;
 
 impl ChangelogScan<'_> {
-    /// Reads the files concurrently (each its own task, so decoding runs on all cores, at most `concurrency` at
-    /// once); rows they lose/gain arrive on the channel, the first error too. The handle yields (files, rows, bytes).
-    fn read_files(&self, jobs: Vec<FileJob>, schema: SchemaRef, schema_id: i32) -> (FileRows, ReadTotals) {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<(Side, RecordBatch)>>(self.opts.concurrency * 2);
+    /// Reads the files concurrently (each its own task, so decoding — and fingerprinting when `fingerprint` — runs
+    /// on all cores, at most `concurrency` at once); rows they lose/gain arrive on the channel, the first error too.
+    /// The handle yields (files, rows, bytes).
+    fn read_files(&self, jobs: Vec<FileJob>, schema: SchemaRef, schema_id: i32, fingerprint: bool, concurrency: usize) -> (RowsRx, ReadTotals) {
+        let concurrency = concurrency.max(1);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileRows>>(concurrency * 2);
         let file_io = self.table.file_io().clone();
         let tasks: Vec<_> = jobs
             .into_iter()
@@ -317,7 +335,7 @@ impl ChangelogScan<'_> {
                 let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone());
                 async move {
                     let f = job.file.clone();
-                    match diff_file(&file_io, &cache, job, schema, schema_id, &tx).await {
+                    match diff_file(&file_io, &cache, job, schema, schema_id, fingerprint, &tx).await {
                         Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
@@ -328,7 +346,6 @@ impl ChangelogScan<'_> {
                 }
             })
             .collect();
-        let concurrency = self.opts.concurrency;
         let driver = tokio::spawn(async move {
             let mut set = tokio::task::JoinSet::new();
             let mut pending = tasks.into_iter();
@@ -357,19 +374,20 @@ impl ChangelogScan<'_> {
         (rx, driver)
     }
 
-    /// Reads `jobs` and hands every (side, rows) to `push`. Returns (files, rows, bytes) read.
+    /// Reads `jobs` (at most `concurrency` files at once) and hands every [`FileRows`] to `push`. Returns (files,
+    /// rows, bytes) read.
     async fn push_rows(
         &self,
         snapshot: &SnapshotRef,
         jobs: Vec<FileJob>,
-        schema: &SchemaRef,
-        schema_id: i32,
-        push: &mut dyn FnMut(Side, RecordBatch) -> Result<()>,
+        read: &ReadSpec<'_>,
+        concurrency: usize,
+        push: &mut dyn FnMut(FileRows) -> Result<()>,
     ) -> Result<(u64, u64, u64)> {
-        let (mut rx, driver) = self.read_files(jobs, schema.clone(), schema_id);
+        let (mut rx, driver) = self.read_files(jobs, read.schema.clone(), read.schema_id, read.fingerprint, concurrency);
         let mut failed = None;
         while let Some(item) = rx.recv().await {
-            if let Err(e) = item.and_then(|(side, batch)| push(side, batch)) {
+            if let Err(e) = item.and_then(&mut *push) {
                 failed = Some(e);
                 break;
             }
@@ -382,11 +400,13 @@ impl ChangelogScan<'_> {
         driven
     }
 
-    /// Pushes the snapshot's removed and added rows minus the pairs of identical rows between them, in three reads:
-    /// count the fingerprints of the added rows; stream the removed rows, cancelling those whose fingerprint is
-    /// counted; stream the added rows again, keeping those still counted. Only fingerprints are held (a 128-bit
-    /// hash of the whole row, ~48 bytes each); when they would pass half the budget the fingerprint space is split
-    /// and the three reads repeat per part.
+    /// Pushes the snapshot's removed and added rows minus the pairs of identical rows between them ([`carry`]).
+    ///
+    /// Identical rows have identical partition values, so when every file involved has the same partitioned spec
+    /// the pairs can only form inside one partition: each partition is a group with its own small fingerprint
+    /// table, and up to `concurrency` groups run at once, sharing half the budget (the netter has the other half).
+    /// Otherwise (unpartitioned tables, files of several specs) all files form one group. A pair missed by the
+    /// grouping would still cancel in the netter: grouping decides the cost, never the result.
     async fn push_without_carry_over(
         &self,
         snapshot: &SnapshotRef,
@@ -395,80 +415,49 @@ impl ChangelogScan<'_> {
         schema_id: i32,
         netter: &mut Netter,
     ) -> Result<(u64, u64, u64)> {
+        let groups = carry_over_groups(jobs);
+        let k = self.opts.concurrency.clamp(1, groups.len().max(1));
+        let share = (self.opts.memory_budget / 2 / k as u64).max(1);
+        let reads = (self.opts.concurrency / k).max(1);
+        let read = ReadSpec { schema, schema_id, fingerprint: true };
+        let netter = std::cell::RefCell::new(netter);
+        let totals: Vec<(u64, u64, u64)> = futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &netter)))
+            .buffer_unordered(k)
+            .try_collect()
+            .await?;
+        Ok(totals.into_iter().fold((0, 0, 0), |t, g| (t.0 + g.0, t.1 + g.1, t.2 + g.2)))
+    }
+
+    /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
+    /// lose rows; survivors go to the netter.
+    async fn cancel_group(
+        &self,
+        snapshot: &SnapshotRef,
+        jobs: Vec<FileJob>,
+        read: &ReadSpec<'_>,
+        share: u64,
+        concurrency: usize,
+        netter: &std::cell::RefCell<&mut Netter>,
+    ) -> Result<(u64, u64, u64)> {
         let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
-        let removers: Vec<FileJob> = jobs.iter().filter(|j| j.can_remove()).cloned().collect();
+        let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
-        let parts = (added_upper * 48).div_ceil((self.opts.memory_budget / 2).max(1)).max(1);
-        let conv = rowenc::converter(schema.fields().iter().map(|f| f.data_type().clone()))?;
-        let mut totals = (0u64, 0u64, 0u64);
-        let mut add = |t: (u64, u64, u64)| {
-            totals.0 += t.0;
-            totals.1 += t.1;
-            totals.2 += t.2;
-        };
-        for part in 0..parts {
-            let mut counts: HashMap<u128, u32, FpBuild> = HashMap::with_capacity_and_hasher((added_upper / parts) as usize, Default::default());
-            let mine = |fp: u128| parts == 1 || (fp as u64) % parts == part;
-            let fps = |b: &RecordBatch| -> Result<Vec<u128>> { fingerprints(&conv, b) };
-            // Added rows are kept (with their fingerprints) while they fit half the budget (the netting buffer has
-            // the other half), which saves
-            // reading them a second time.
-            let mut kept: Option<Vec<(RecordBatch, Vec<u128>)>> = (parts == 1).then(Vec::new);
-            let mut kept_bytes = 0u64;
-            let keep_limit = self.opts.memory_budget / 2;
-            add(self
-                .push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
-                    if side == Side::Added {
-                        let f = fps(&b)?;
-                        for fp in &f {
-                            if mine(*fp) {
-                                *counts.entry(*fp).or_default() += 1;
-                            }
-                        }
-                        if let Some(k) = kept.as_mut() {
-                            kept_bytes += b.get_array_memory_size() as u64 + 16 * f.len() as u64;
-                            if kept_bytes > keep_limit {
-                                kept = None;
-                            } else {
-                                k.push((b, f));
-                            }
-                        }
-                    }
-                    Ok(())
-                })
-                .await?);
-            add(self
-                .push_rows(snapshot, removers.clone(), schema, schema_id, &mut |side, b| {
-                    if side != Side::Removed {
-                        return Ok(());
-                    }
-                    // a removed row survives unless an identical added row was counted
-                    let keep = consume(&mut counts, fps(&b)?, &mine).into_iter().map(|m| m == Some(false)).collect();
-                    push_masked(netter, Side::Removed, &b, keep)
-                })
-                .await?);
-            // an added row survives while its count (what no removed row cancelled) lasts
-            let mut keep_counted = |b: &RecordBatch, f: Vec<u128>| -> Result<()> {
-                let keep = consume(&mut counts, f, &mine).into_iter().map(|m| m == Some(true)).collect();
-                push_masked(netter, Side::Added, b, keep)
-            };
-            match kept.take() {
-                Some(batches) => {
-                    for (b, f) in batches {
-                        keep_counted(&b, f)?;
-                    }
-                }
-                None => add(self
-                    .push_rows(snapshot, adders.clone(), schema, schema_id, &mut |side, b| {
-                        if side != Side::Added {
-                            return Ok(());
-                        }
-                        keep_counted(&b, fps(&b)?)
-                    })
-                    .await?),
-            }
-        }
-        Ok(totals)
+        let mut carry = CarryOver::new(read.schema.clone(), added_upper, share, &self.opts.spill_dir);
+        let mut emit = |side: Side, b: RecordBatch| netter.borrow_mut().push(side, b);
+        let a = self
+            .push_rows(snapshot, adders, read, concurrency, &mut |rows| match rows.side {
+                Side::Added => carry.add(rows.batch, rows.fps.unwrap_or_default()),
+                Side::Removed => Ok(()),
+            })
+            .await?;
+        let r = self
+            .push_rows(snapshot, removers, read, concurrency, &mut |rows| match rows.side {
+                Side::Removed => carry.remove(rows.batch, rows.fps.unwrap_or_default(), &mut emit),
+                Side::Added => Ok(()),
+            })
+            .await?;
+        carry.finish(&mut emit)?;
+        Ok((a.0 + r.0, a.1 + r.1, a.2 + r.2))
     }
 
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
@@ -486,7 +475,7 @@ impl ChangelogScan<'_> {
                 FileJob { file: f, before: (false, Vec::new()), after: (true, after) }
             })
             .collect();
-        let (mut rx, driver) = self.read_files(jobs, data_schema, schema.schema_id());
+        let (mut rx, driver) = self.read_files(jobs, data_schema, schema.schema_id(), false, self.opts.concurrency);
         let commit = CommitInfo {
             snapshot_id: snapshot.snapshot_id(),
             sequence_number: snapshot.sequence_number(),
@@ -498,7 +487,7 @@ impl ChangelogScan<'_> {
         let mut failed = None;
         while let Some(item) = rx.recv().await {
             let batch = match item {
-                Ok((_, b)) => b,
+                Ok(rows) => rows.batch,
                 Err(e) => {
                     failed = Some(e);
                     break;
@@ -534,77 +523,26 @@ impl ChangelogScan<'_> {
     }
 }
 
-/// Seeds fixed so that every read of a snapshot fingerprints a row the same way (SHA-512's initial words; not the
-/// digits of pi, which ahash XORs its seeds with — those zero its keys).
-const FP_SEEDS: [u64; 8] = [
-    0x6a09e667f3bcc908,
-    0xbb67ae8584caa73b,
-    0x3c6ef372fe94f82b,
-    0xa54ff53a5f1d36f1,
-    0x510e527fade682d1,
-    0x9b05688c2b3e6c1f,
-    0x1f83d9abfb41bd6b,
-    0x5be0cd19137e2179,
-];
-
-/// Fingerprints are hashes already: the map uses their low bits instead of hashing them again.
-#[derive(Default)]
-struct FpHasher(u64);
-
-impl std::hash::Hasher for FpHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
-    }
-}
-
-type FpBuild = std::hash::BuildHasherDefault<FpHasher>;
-
-/// 128-bit fingerprints of whole rows (two independent 64-bit hashes of the row encoding).
-fn fingerprints(conv: &RowConverter, batch: &RecordBatch) -> Result<Vec<u128>> {
-    let rows = rowenc::convert(conv, batch.columns())?;
-    let h1 = ahash::RandomState::with_seeds(FP_SEEDS[0], FP_SEEDS[1], FP_SEEDS[2], FP_SEEDS[3]);
-    let h2 = ahash::RandomState::with_seeds(FP_SEEDS[4], FP_SEEDS[5], FP_SEEDS[6], FP_SEEDS[7]);
-    Ok(rows.iter().map(|r| ((h1.hash_one(r.as_ref()) as u128) << 64) | h2.hash_one(r.as_ref()) as u128).collect())
-}
-
-/// Per fingerprint: None when it belongs to another part, else whether a count was there to use up.
-fn consume(counts: &mut HashMap<u128, u32, FpBuild>, fps: Vec<u128>, mine: &impl Fn(u128) -> bool) -> Vec<Option<bool>> {
-    fps.into_iter()
-        .map(|fp| {
-            if !mine(fp) {
-                return None;
-            }
-            Some(match counts.get_mut(&fp) {
-                Some(c) if *c > 0 => {
-                    *c -= 1;
-                    true
-                }
-                _ => false,
-            })
-        })
-        .collect()
-}
-
-fn push_masked(netter: &mut Netter, side: Side, batch: &RecordBatch, keep: Vec<bool>) -> Result<()> {
-    if keep.iter().all(|k| !*k) {
-        return Ok(());
-    }
-    let b = if keep.iter().all(|k| *k) { batch.clone() } else { arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(keep))? };
-    netter.push(side, b)
-}
-
 /// The table columns of a change schema (everything before `_change_type`).
 fn data_part(change_schema: &SchemaRef) -> SchemaRef {
     let n = change_schema.index_of(change::CHANGE_TYPE).unwrap_or(change_schema.fields().len());
     Arc::new(change_schema.project(&(0..n).collect::<Vec<_>>()).expect("indices in range"))
+}
+
+/// The groups of files whose rows can cancel each other: one per partition when every file has the same
+/// partitioned spec, else one. Groups come in a stable order (by their first path).
+fn carry_over_groups(jobs: &[FileJob]) -> Vec<Vec<FileJob>> {
+    let one_spec = jobs.windows(2).all(|w| w[0].file.spec_id == w[1].file.spec_id);
+    if !one_spec || jobs.first().is_none_or(|j| j.file.unpartitioned) {
+        return vec![jobs.to_vec()];
+    }
+    let mut groups: HashMap<&iceberg::spec::Struct, Vec<FileJob>> = HashMap::new();
+    for j in jobs {
+        groups.entry(j.file.partition()).or_default().push(j.clone());
+    }
+    let mut out: Vec<Vec<FileJob>> = groups.into_values().collect();
+    out.sort_by(|a, b| a[0].file.path().cmp(b[0].file.path()));
+    out
 }
 
 /// Data files whose live rows may differ before and after the snapshot.
@@ -722,9 +660,11 @@ async fn diff_file(
     job: FileJob,
     schema: SchemaRef,
     schema_id: i32,
-    tx: &tokio::sync::mpsc::Sender<Result<(Side, RecordBatch)>>,
+    fingerprint: bool,
+    tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
 ) -> Result<u64> {
     let f = job.file.as_ref();
+    let conv = if fingerprint { Some(carry::fingerprint_converter(&schema)?) } else { None };
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
     let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema).await?);
@@ -738,8 +678,9 @@ async fn diff_file(
             (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
         ] {
             if mask.iter().any(|m| *m) {
-                let out = arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?;
-                if tx.send(Ok((side, out))).await.is_err() {
+                let batch = arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?;
+                let fps = conv.as_ref().map(|c| carry::fingerprints(c, &batch)).transpose()?;
+                if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
                     return Ok(offset); // receiver gone: the scan failed elsewhere
                 }
             }
@@ -749,29 +690,4 @@ async fn diff_file(
         return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
     }
     Ok(offset)
-}
-
-#[cfg(test)]
-mod fp_tests {
-    use super::*;
-    use arrow_array::Int64Array;
-    use arrow_schema::{DataType, Field, Schema};
-
-    #[test]
-    fn fingerprints_spread_and_the_map_stays_fast() {
-        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..200_000))]).unwrap();
-        let conv = RowConverter::new(vec![arrow_row::SortField::new(DataType::Int64)]).unwrap();
-        let fps = fingerprints(&conv, &b).unwrap();
-        // both halves must spread: the map indexes by the low half, the high half guards against collisions
-        let low: std::collections::HashSet<u64> = fps.iter().map(|f| *f as u64).collect();
-        let high: std::collections::HashSet<u64> = fps.iter().map(|f| (*f >> 64) as u64).collect();
-        assert_eq!((low.len(), high.len()), (200_000, 200_000));
-        let t = std::time::Instant::now();
-        let mut m: HashMap<u128, u32, FpBuild> = HashMap::default();
-        for f in &fps {
-            *m.entry(*f).or_default() += 1;
-        }
-        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
-    }
 }

@@ -1,5 +1,6 @@
 //! The read side: catalog lineage, per-snapshot file planning, reading data/delete files, and the changelog scan that
 //! turns a snapshot range into net change rows.
+pub mod carry;
 pub mod changelog;
 pub mod files;
 pub mod net;
