@@ -1,16 +1,22 @@
-"""Sync benchmark: `cdc sync` against the way a Spark user does the same job, in one run.
+"""Sync benchmark at several sizes: `cdc sync` against a raw scan and against the way a Spark user does the job.
 
-Source: a copy-on-write Iceberg table written by Spark 3.5 + Iceberg 1.10 with N rows (default 1M), then one MERGE
-that updates 10 % and deletes 2 % of the rows (copy-on-write: every data file is rewritten).
-Both targets start as a copy of the first snapshot; then, measured:
-  - cdc:   `cdc sync` (release build) → merge-on-read commit (data files + equality deletes); measured with wait4
-  - Spark: create_changelog_view(compute_updates) over the range + MERGE INTO the target (local[2], JVM already up)
-Both targets are then compared row for row. Prints a Markdown table for README.md.
+Source per size N (default 1 M and 10 M rows): a copy-on-write Iceberg v2 table written by Spark 3.5 + Iceberg 1.10,
+`PARTITIONED BY bucket(16, id)` (16 data files), then one MERGE that updates 6 %, deletes 2 % and inserts 2 % of the
+rows — every data file is rewritten. Measured, side by side in one run:
+  - bootstrap: `cdc sync --to-snapshot S1` into an empty target (the initial copy; CPU, peak RSS)
+  - cdc:       `cdc sync` of the MERGE (release build, default config) into a merge-on-read target, from the same
+               restored start for every run; CPU, wall, peak RSS by wait4; source bytes read as the sync reports them
+               against the bytes of the files involved (the 16 removed + 16 added data files)
+  - raw scan:  DuckDB (1 thread) decoding every column of the same 32 files and hashing every row — the fair limit
+  - Spark:     create_changelog_view(compute_updates) + MERGE INTO a copy (local[2], JVM warm)
+Both targets are checked equal to the source. Prints Markdown tables for README.md.
 
-    .peers/venv/bin/python benches/sync_vs_spark.py [--rows N]
+    .peers/venv/bin/python benches/sync_vs_spark.py [--rows 1000000 10000000] [--runs 3] [--budget 256MiB]
 """
 import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,16 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "peers"))
 import spark_workloads  # noqa: E402
 
 CAT = spark_workloads.CAT
-
-
-def dir_size(path):
-    total, files = 0, 0
-    for dp, _, fs in os.walk(path):
-        for f in fs:
-            if f.endswith(".parquet") or f.endswith(".puffin"):
-                total += os.path.getsize(os.path.join(dp, f))
-                files += 1
-    return total, files
+COLS = "id, customer, amount, updated_at, quantity, status"
 
 
 def jvm_stats(spark):
@@ -39,8 +36,7 @@ def jvm_stats(spark):
     pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(parts[11]) + int(parts[12])) / ticks
+    cpu = (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
     hwm = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -49,103 +45,144 @@ def jvm_stats(spark):
     return cpu, hwm
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--cdc", default=os.path.join(ROOT, "target", "release", "cdc"))
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--keep", action="store_true", help="print the warehouse and stop before the measured runs")
-    args = ap.parse_args()
-    n = args.rows
-    wh = tempfile.mkdtemp(prefix="cdc-bench-")
-    spark = spark_workloads.spark_session(wh)
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
-    src = f"{CAT}.db.orders"
+def measured(cmd):
+    """Runs `cmd` as a child measured by wait4: (wall s, CPU s, peak RSS MB, stdout text)."""
+    out = tempfile.TemporaryFile(mode="w+")
+    err = tempfile.TemporaryFile(mode="w+")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.time() - t0
+    out.seek(0)
+    err.seek(0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd[0]} failed: {err.read()}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.read()
+
+
+def files_of(spark, table, snapshot):
+    return {r.file_path.replace("file:", ""): r.file_size_in_bytes for r in spark.sql(f"SELECT file_path, file_size_in_bytes FROM {table}.files VERSION AS OF {snapshot}").collect()}
+
+
+def one_size(spark, wh, n, args):
+    src = f"{CAT}.db.orders_{n}"
     spark.sql(
         f"CREATE TABLE {src} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
-        "USING iceberg TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='copy-on-write', 'write.update.mode'='copy-on-write', 'write.delete.mode'='copy-on-write')"
+        "USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='copy-on-write', "
+        "'write.update.mode'='copy-on-write', 'write.delete.mode'='copy-on-write')"
     )
     spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.range(n).selectExpr(
+    rows = lambda lo, hi: spark.range(lo, hi).selectExpr(  # noqa: E731
         "id", "concat('customer-', lpad(cast(id % 100000 as string), 8, '0')) as customer",
         "cast((id * 37 % 10000000) / 100 as decimal(12,2)) as amount",
         "timestamp_micros(1700000000000000 + id * 1000) as updated_at", "cast(id % 97 as int) as quantity",
         "element_at(array('new','paid','shipped','done'), cast(id % 4 as int) + 1) as status",
-    ).repartition(4).writeTo(src).append()
+    )
+    rows(0, n).writeTo(src).append()
     s1 = spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id
+    rows(n, n + n // 50).createOrReplaceTempView("new_rows")
     spark.sql(
-        f"MERGE INTO {src} t USING (SELECT id, id % 50 = 1 AS del FROM range({n}) WHERE id % 10 = 0 OR id % 50 = 1) s ON t.id = s.id "
-        "WHEN MATCHED AND s.del THEN DELETE WHEN MATCHED THEN UPDATE SET t.amount = t.amount + 1, t.status = 'changed'"
+        f"MERGE INTO {src} t USING (SELECT id, id % 100 IN (6, 7) AS del FROM range({n}) WHERE id % 100 < 8 "
+        f"UNION ALL SELECT id, false FROM new_rows) s ON t.id = s.id "
+        "WHEN MATCHED AND s.del THEN DELETE WHEN MATCHED THEN UPDATE SET t.amount = t.amount + 1, t.status = 'changed' "
+        "WHEN NOT MATCHED THEN INSERT (id, customer, amount, updated_at, quantity, status) VALUES (s.id, 'new', 1.00, timestamp'2026-01-01 00:00:00', 1, 'new')"
     )
     s2 = spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id
-    src_bytes, src_files = dir_size(os.path.join(wh, "db", "orders", "data"))
-    changed = spark.sql(f"SELECT count(*) FROM {src} VERSION AS OF {s1}").collect()[0][0] - spark.sql(f"SELECT count(*) FROM {src} VERSION AS OF {s1} WHERE id % 10 <> 0 AND id % 50 <> 1").collect()[0][0]
+    before, after = files_of(spark, src, s1), files_of(spark, src, s2)
+    involved = {p: b for p, b in {**before, **after}.items() if (p in before) != (p in after)}
+    involved_bytes = sum(involved.values())
 
-    # --- cdc: bootstrap at s1 (not measured), then the measured incremental sync
-    cfg = os.path.join(wh, "cdc.toml")
+    # --- cdc: bootstrap at s1 (measured once), then the incremental sync of the MERGE (measured runs)
+    cfg = os.path.join(wh, f"cdc_{n}.toml")
     with open(cfg, "w") as f:
-        f.write(f'[source]\ntable = "db.orders"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[target]\ntable = "cdc_target.orders"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[engine]\nread_concurrency = 2\n')
-    subprocess.run([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(s1)], check=True, capture_output=True)
-    if args.keep:
-        print(f"kept {wh}: run `{args.cdc} sync --config {cfg}`")
-        return
-    # five measured runs, each from the same starting point (the target's metadata restored in between)
-    import shutil
-    meta = os.path.join(wh, "cdc_target", "orders", "metadata")
+        f.write(f'[source]\ntable = "db.orders_{n}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[target]\ntable = "cdc_target.orders_{n}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[engine]\nmemory_budget = "{args.budget}"\n')
+    boot = measured([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(s1), "--json"])
+    boot_read = json.loads(boot[3])["source_bytes_read"]
+    meta = os.path.join(wh, "cdc_target", f"orders_{n}", "metadata")
     shutil.copytree(meta, meta + ".start")
     time.sleep(2)  # let the JVM settle after the MERGE
     runs = []
-    for i in range(args.runs):
+    for _ in range(args.runs):
         shutil.rmtree(meta)
         shutil.copytree(meta + ".start", meta)
-        t0 = time.time()
-        proc = subprocess.Popen([args.cdc, "sync", "--config", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        _, status, ru = os.wait4(proc.pid, 0)
-        wall = time.time() - t0
-        assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read()
-        runs.append((wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024))
-        commit_line = [l for l in proc.stderr.read().splitlines() if "-> target snapshot" in l][-1]
-    runs.sort()
-    cdc_wall, cdc_cpu, _ = runs[len(runs) // 2]
-    cdc_p95 = runs[-1][0]
+        wall, cpu, rss, out = measured([args.cdc, "sync", "--config", cfg, "--json"])
+        runs.append((wall, cpu, rss, json.loads(out)))
+    runs.sort(key=lambda r: r[0])
+    cdc_wall, cdc_cpu, _, summary = runs[len(runs) // 2]
     cdc_rss = max(r[2] for r in runs)
 
+    # --- raw scan: DuckDB, one thread, every column of the same files decoded and every row hashed
+    sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(involved)!r})"
+    code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
+    raw = min((measured([sys.executable, "-c", code]) for _ in range(args.runs)), key=lambda r: r[1])
+
     # --- Spark: the same job as a Spark user writes it
+    tgt = f"{CAT}.spark_target.orders_{n}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.spark_target")
-    spark.sql(f"CREATE TABLE {CAT}.spark_target.orders USING iceberg TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='merge-on-read') AS SELECT * FROM {src} VERSION AS OF {s1}")
+    spark.sql(f"CREATE TABLE {tgt} USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='merge-on-read') AS SELECT * FROM {src} VERSION AS OF {s1}")
     cpu0, _ = jvm_stats(spark)
     t0 = time.time()
     spark.sql(
-        f"CALL {CAT}.system.create_changelog_view(table => 'db.orders', options => map('start-snapshot-id', '{s1}', 'end-snapshot-id', '{s2}'), "
-        "changelog_view => 'orders_changes', compute_updates => true, identifier_columns => array('id'))"
+        f"CALL {CAT}.system.create_changelog_view(table => 'db.orders_{n}', options => map('start-snapshot-id', '{s1}', 'end-snapshot-id', '{s2}'), "
+        f"changelog_view => 'changes_{n}', compute_updates => true, identifier_columns => array('id'))"
     )
     spark.sql(
-        f"MERGE INTO {CAT}.spark_target.orders t USING (SELECT * FROM orders_changes WHERE _change_type IN ('DELETE', 'UPDATE_AFTER', 'INSERT')) c "
+        f"MERGE INTO {tgt} t USING (SELECT * FROM changes_{n} WHERE _change_type IN ('DELETE', 'UPDATE_AFTER', 'INSERT')) c "
         "ON t.id = c.id WHEN MATCHED AND c._change_type = 'DELETE' THEN DELETE "
         "WHEN MATCHED THEN UPDATE SET t.customer = c.customer, t.amount = c.amount, t.updated_at = c.updated_at, t.quantity = c.quantity, t.status = c.status "
-        "WHEN NOT MATCHED AND c._change_type <> 'DELETE' THEN INSERT (id, customer, amount, updated_at, quantity, status) VALUES (c.id, c.customer, c.amount, c.updated_at, c.quantity, c.status)"
+        f"WHEN NOT MATCHED AND c._change_type <> 'DELETE' THEN INSERT ({COLS}) VALUES (c.id, c.customer, c.amount, c.updated_at, c.quantity, c.status)"
     )
     spark_wall = time.time() - t0
     cpu1, spark_rss = jvm_stats(spark)
     spark_cpu = cpu1 - cpu0
 
     # both targets equal the source
-    cols = "id, customer, amount, updated_at, quantity, status"
-    diff_cdc = spark.sql(f"SELECT {cols} FROM {src} EXCEPT ALL SELECT {cols} FROM {CAT}.cdc_target.orders").count() + spark.sql(f"SELECT {cols} FROM {CAT}.cdc_target.orders EXCEPT ALL SELECT {cols} FROM {src}").count()
-    diff_spark = spark.sql(f"SELECT {cols} FROM {src} EXCEPT ALL SELECT {cols} FROM {CAT}.spark_target.orders").count()
-    assert diff_cdc == 0 and diff_spark == 0, (diff_cdc, diff_spark)
+    def differs(a, b):
+        return spark.sql(f"SELECT {COLS} FROM {a} EXCEPT ALL SELECT {COLS} FROM {b}").count() + spark.sql(f"SELECT {COLS} FROM {b} EXCEPT ALL SELECT {COLS} FROM {a}").count()
+    assert differs(src, f"{CAT}.cdc_target.orders_{n}") == 0 and differs(src, tgt) == 0
+    return dict(n=n, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
+                cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, spark_wall=spark_wall, spark_cpu=spark_cpu, spark_rss=spark_rss)
 
-    gb = src_bytes / 1e9
-    print(f"\nWorkload: {n} rows ({src_bytes / 1e6:.1f} MB in {src_files} Parquet files after the MERGE), one copy-on-write MERGE updating {n // 10} and deleting {n // 50} rows ({changed} changed keys); both targets verified equal to the source.\n")
-    print("| run | wall s (p50 / max) | rows/s (source rows) | changed rows/s | CPU s | CPU s per GB | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| `cdc sync` ({args.runs} runs) | {cdc_wall:.2f} / {cdc_p95:.2f} | {n / cdc_wall:.0f} | {changed / cdc_wall:.0f} | {cdc_cpu:.2f} | {cdc_cpu / gb:.1f} | {cdc_rss:.0f} |")
-    print(f"| Spark changelog view + MERGE INTO (local[2], warm JVM, 1 run) | {spark_wall:.2f} | {n / spark_wall:.0f} | {changed / spark_wall:.0f} | {spark_cpu:.2f} | {spark_cpu / gb:.1f} | {spark_rss:.0f} (JVM) |")
-    print(f"\n`cdc sync` is {spark_wall / cdc_wall:.1f}x Spark's throughput. Its commit: {commit_line.split(': ', 1)[1]}")
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--cdc", default=os.path.join(ROOT, "target", "release", "cdc"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--budget", default="256MiB", help="engine.memory_budget (256MiB is the default)")
+    args = ap.parse_args()
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "duckdb==1.4.2"], check=True)
+    wh = tempfile.mkdtemp(prefix="cdc-bench-")
+    spark = spark_workloads.spark_session(wh, driver_memory="6g")
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
+    results = [one_size(spark, wh, n, args) for n in args.rows]
     spark.stop()
+    shutil.rmtree(wh, ignore_errors=True)
+
+    print(f"\nengine.memory_budget = {args.budget}; {args.runs} runs each (cdc: median wall; raw scan: least CPU).\n")
+    print("| rows | files involved | MB involved | `cdc sync` wall s | CPU s | CPU s per GB | MB read / MB involved | spilled MB | peak RSS MB "
+          "| raw scan CPU s (DuckDB, 1 thread) | cdc speed / raw scan | Spark CPU s (warm) | Spark / cdc CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        gb = r["involved_bytes"] / 1e9
+        s = r["summary"]
+        print(f"| {r['n']:,} | {r['involved_files']} | {r['involved_bytes'] / 1e6:.0f} | {r['cdc_wall']:.2f} | {r['cdc_cpu']:.2f} | {r['cdc_cpu'] / gb:.1f} "
+              f"| {s['source_bytes_read'] / r['involved_bytes']:.2f} | {s['spilled_bytes'] / 1e6:.0f} | {r['cdc_rss']:.0f} | {r['raw'][1]:.2f} "
+              f"| {r['raw'][1] / r['cdc_cpu']:.2f} | {r['spark_cpu']:.1f} | {r['spark_cpu'] / r['cdc_cpu']:.1f}x |")
+    print("\n| rows | bootstrap wall s | bootstrap CPU s | bootstrap CPU s per GB read | bootstrap peak RSS MB | sync wall / CPU (2 cores) |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        w, c, rss, _ = r["boot"]
+        print(f"| {r['n']:,} | {w:.2f} | {c:.2f} | {c / (r['boot_read'] / 1e9):.1f} | {rss:.0f} | {r['cdc_wall'] / r['cdc_cpu']:.2f} |")
+    for r in results:
+        s = r["summary"]
+        print(f"\n{r['n']:,} rows: {s['inserts']} insert, {s['deletes']} delete, {s['updates']} update; Spark wall {r['spark_wall']:.1f} s, peak RSS {r['spark_rss']:.0f} MB (JVM)")
 
 
 if __name__ == "__main__":

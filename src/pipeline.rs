@@ -77,7 +77,7 @@ pub async fn run_changes(
         summary.update_pairs += st.count(ChangeType::UpdateAfter);
         summary.files_read += st.files_read;
         summary.bytes_read += st.bytes_read;
-        summary.spilled_bytes += st.net.spilled_bytes;
+        summary.spilled_bytes += st.net.spilled_bytes + st.carry.spilled_bytes;
         on_snapshot(&st);
     }
     writer.finish()?;
@@ -101,6 +101,11 @@ pub struct SyncSummary {
     pub updates: u64,
     pub files_written: usize,
     pub bytes_written: u64,
+    /// Source data files read (a file read twice counts twice) and their bytes.
+    pub source_files_read: u64,
+    pub source_bytes_read: u64,
+    /// Bytes the scan wrote to local spill files (netting runs and carry-over parts).
+    pub spilled_bytes: u64,
     /// Commit attempts repeated after a conflict or a transient failure.
     pub retries: u32,
     /// Times the run planned again because another writer moved the target's progress.
@@ -371,11 +376,16 @@ pub async fn run_once(
             scan.set_output(&chunk.schema)?;
             let scanned: Result<()> = async {
                 let mut rows = SinkRows(&mut *sink);
+                let mut add = |st: SnapshotStats| {
+                    summary.source_files_read += st.files_read;
+                    summary.source_bytes_read += st.bytes_read;
+                    summary.spilled_bytes += st.net.spilled_bytes + st.carry.spilled_bytes;
+                };
                 if chunk.bootstrap {
-                    scan.scan_contents(chunk.last(), &mut rows).await?;
+                    add(scan.scan_contents(chunk.last(), &mut rows).await?);
                 } else {
                     for (ordinal, s) in chunk.snapshots.iter().enumerate() {
-                        scan.scan_snapshot(s, ordinal as i32, &mut rows).await?;
+                        add(scan.scan_snapshot(s, ordinal as i32, &mut rows).await?);
                     }
                 }
                 Ok(())

@@ -97,6 +97,15 @@ pub struct CarryStats {
     pub spilled_bytes: u64,
 }
 
+impl CarryStats {
+    /// Adds another group's statistics (parts: the most any group needed).
+    pub fn absorb(&mut self, other: CarryStats) {
+        self.cancelled += other.cancelled;
+        self.parts = self.parts.max(other.parts);
+        self.spilled_bytes += other.spilled_bytes;
+    }
+}
+
 /// Emits surviving rows to the netter (or a test).
 pub(crate) type Emit<'a> = dyn FnMut(Side, RecordBatch) -> Result<()> + 'a;
 

@@ -21,7 +21,7 @@ use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
-use crate::source::carry::{self, CarryOver};
+use crate::source::carry::{self, CarryOver, CarryStats};
 use crate::source::files::{self, FileEntry};
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
@@ -43,6 +43,8 @@ pub struct SnapshotStats {
     pub bytes_read: u64,
     pub counts: [u64; 4],
     pub net: NetStats,
+    /// Copy-on-write carry-over cancellation (all groups of the snapshot).
+    pub carry: CarryStats,
 }
 
 impl SnapshotStats {
@@ -240,7 +242,9 @@ impl<'a> ChangelogScan<'a> {
         // a copy-on-write rewrite. It is cancelled by fingerprint before netting, so the sort only sees real changes.
         let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
         let totals = if carry_over {
-            self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?
+            let (totals, carry) = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?;
+            stats.carry = carry;
+            totals
         } else {
             let read = ReadSpec { schema: &data_schema, schema_id, fingerprint: false };
             self.push_rows(snapshot, jobs, &read, self.opts.concurrency, &mut |rows| netter.push(rows.side, rows.batch)).await?
@@ -414,18 +418,25 @@ impl ChangelogScan<'_> {
         schema: &SchemaRef,
         schema_id: i32,
         netter: &mut Netter,
-    ) -> Result<(u64, u64, u64)> {
+    ) -> Result<((u64, u64, u64), CarryStats)> {
         let groups = carry_over_groups(jobs);
         let k = self.opts.concurrency.clamp(1, groups.len().max(1));
         let share = (self.opts.memory_budget / 2 / k as u64).max(1);
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true };
         let netter = std::cell::RefCell::new(netter);
-        let totals: Vec<(u64, u64, u64)> = futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &netter)))
-            .buffer_unordered(k)
-            .try_collect()
-            .await?;
-        Ok(totals.into_iter().fold((0, 0, 0), |t, g| (t.0 + g.0, t.1 + g.1, t.2 + g.2)))
+        let done: Vec<((u64, u64, u64), CarryStats)> =
+            futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &netter)))
+                .buffer_unordered(k)
+                .try_collect()
+                .await?;
+        let mut carry = CarryStats::default();
+        let mut totals = (0, 0, 0);
+        for (t, c) in done {
+            totals = (totals.0 + t.0, totals.1 + t.1, totals.2 + t.2);
+            carry.absorb(c);
+        }
+        Ok((totals, carry))
     }
 
     /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
@@ -438,7 +449,7 @@ impl ChangelogScan<'_> {
         share: u64,
         concurrency: usize,
         netter: &std::cell::RefCell<&mut Netter>,
-    ) -> Result<(u64, u64, u64)> {
+    ) -> Result<((u64, u64, u64), CarryStats)> {
         let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
         let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
@@ -456,8 +467,8 @@ impl ChangelogScan<'_> {
                 Side::Added => Ok(()),
             })
             .await?;
-        carry.finish(&mut emit)?;
-        Ok((a.0 + r.0, a.1 + r.1, a.2 + r.2))
+        let stats = carry.finish(&mut emit)?;
+        Ok(((a.0 + r.0, a.1 + r.1, a.2 + r.2), stats))
     }
 
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.

@@ -11,7 +11,7 @@ import sys
 CAT = "spark_cat"
 
 
-def spark_session(warehouse, extra_catalogs=None):
+def spark_session(warehouse, extra_catalogs=None, driver_memory="1g"):
     os.environ.setdefault("TZ", "UTC")
     from pyspark.sql import SparkSession
 
@@ -34,7 +34,7 @@ def spark_session(warehouse, extra_catalogs=None):
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "1g")
+        .config("spark.driver.memory", driver_memory)
         .getOrCreate()
     )
 
