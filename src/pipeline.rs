@@ -106,6 +106,9 @@ pub struct SyncSummary {
     pub source_bytes_read: u64,
     /// Bytes the scan wrote to local spill files (netting runs and carry-over parts).
     pub spilled_bytes: u64,
+    /// The process's peak resident memory so far (Linux `VmHWM`; 0 where unknown): what `engine.memory_budget`
+    /// bounds, plus a fixed overhead.
+    pub peak_rss_bytes: u64,
     /// Commit attempts repeated after a conflict or a transient failure.
     pub retries: u32,
     /// Times the run planned again because another writer moved the target's progress.
@@ -261,7 +264,7 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
         Some(t) => Some(Catalog::connect(&t.catalog, "target").await?),
         None => None,
     };
-    let mut iceberg = cfg.target.as_ref().zip(target.as_ref()).map(|(t, c)| IcebergSink::new(c, t.clone()));
+    let mut iceberg = cfg.target.as_ref().zip(target.as_ref()).map(|(t, c)| IcebergSink::new(c, t.clone(), cfg.engine.memory_budget));
     let mut summary = match (&mut iceberg, &mut kafka) {
         (Some(i), Some(k)) => {
             // both: one read of the source feeds the two
@@ -430,7 +433,16 @@ pub async fn run_once(
     summary.seconds = started.elapsed().as_secs_f64();
     // process-wide counters: exact for `cdc sync`, an upper bound when a service runs pipelines side by side
     summary.object_store = crate::storage::io_stats().since(&io0);
+    summary.peak_rss_bytes = peak_rss_bytes();
     Ok(summary)
+}
+
+/// The process's peak resident set size (`VmHWM` in /proc/self/status), 0 where that file does not exist.
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())))
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Re-plans allowed in one run: each follows another writer's progress, so this only stops a livelock.

@@ -183,6 +183,41 @@ async fn small_memory_budget_spills_and_gives_the_same_rows() {
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "spill files are removed");
 }
 
+/// Peak RSS of a `cdc sync` (initial copy, then a snapshot updating a quarter of the rows) of a table of `rows` rows,
+/// as the process reports it, in MB.
+async fn sync_peak_rss_mb(dir: &Path, rows: usize, budget: &str) -> (f64, f64) {
+    let (catalog, table, wh) = quickstart_table(dir).await;
+    let names: Vec<String> = (0..rows).map(|i| format!("customer-{i:08}-{}", "x".repeat(24))).collect();
+    let all: Vec<(i64, &str, i128)> = (0..rows).map(|i| (100 + i as i64, names[i].as_str(), i as i128)).collect();
+    let table = quickstart::commit_changes(&catalog, &table, &all, &[]).await.unwrap();
+    let s1 = table.metadata().current_snapshot_id().unwrap();
+    let upd: Vec<(i64, &str, i128)> = all.iter().step_by(4).map(|r| (r.0, r.1, r.2 + 1)).collect();
+    let _ = quickstart::commit_changes(&catalog, &table, &upd, &[]).await.unwrap();
+    let twh = dir.join("target");
+    let engine = format!("[engine]\nmemory_budget = \"{budget}\"\nread_concurrency = 2\n");
+    let cfg = config(dir, &format!("{}{engine}", sync_config(&wh, "db.copy", &twh, "")));
+    let rss = |out: String| serde_json::from_str::<Value>(&out).unwrap()["peak_rss_bytes"].as_f64().unwrap() / 1e6;
+    let boot = rss(ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &s1.to_string(), "--json"])));
+    let sync = rss(ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--json"])));
+    (boot, sync)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn peak_memory_stays_flat_when_the_input_grows_tenfold() {
+    // 16 MiB budget: 40k rows fit in it, 400k rows (~40 MB of change rows to net) do not
+    let (small, large) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (boot_s, sync_s) = sync_peak_rss_mb(small.path(), 40_000, "16MiB").await;
+    let (boot_l, sync_l) = sync_peak_rss_mb(large.path(), 400_000, "16MiB").await;
+    eprintln!("peak RSS MB: bootstrap {boot_s:.0} -> {boot_l:.0}, sync {sync_s:.0} -> {sync_l:.0}");
+    let budget_mb = 16.8;
+    for (what, s, l) in [("bootstrap", boot_s, boot_l), ("sync", sync_s, sync_l)] {
+        assert!(s > 0.0, "peak RSS is reported");
+        // budget plus a fixed overhead (runtime, catalogs, Parquet footers, row groups in flight)
+        assert!(l <= budget_mb + 128.0, "{what}: 400k rows peaked at {l:.0} MB, over the 16 MiB budget + 128 MB");
+        assert!(l - s <= budget_mb, "{what}: ten times the rows raised peak RSS from {s:.0} to {l:.0} MB (more than the budget)");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_gets_clear_errors_and_distinct_exit_codes() {
     let dir = tempfile::tempdir().unwrap();

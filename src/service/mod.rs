@@ -270,7 +270,7 @@ async fn poll_fanout(
     let source = scat.load_table(&cfg.source.table).await?;
     let meta = source.metadata();
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let mut isink = IcebergSink::new(tcat, tcfg.clone());
+    let mut isink = IcebergSink::new(tcat, tcfg.clone(), cfg.engine.memory_budget);
     let sinks: Vec<&mut dyn crate::sink::Sink> = vec![&mut isink, ksink];
     let summary = crate::sink::fanout::run(cfg, &source, sinks, None, None, &control, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
@@ -361,7 +361,7 @@ async fn poll(
         return Ok(());
     }
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let mut sink = IcebergSink::new(tcat, tcfg.clone());
+    let mut sink = IcebergSink::new(tcat, tcfg.clone(), cfg.engine.memory_budget);
     let summary = pipeline::run_once(cfg, &source, &mut sink, None, None, &control, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
     if !summary.target_snapshot_ids.is_empty() {

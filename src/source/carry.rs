@@ -273,7 +273,8 @@ impl CarryOver {
                 Some(s) => s,
                 None => slot.insert(Spill::create(&self.spill_dir, &self.spill_schema)?),
             };
-            let taken = if idx.len() == full.num_rows() { full.clone() } else { arrow_select::take::take_record_batch(&full, &UInt32Array::from(idx))? };
+            let taken =
+                if idx.len() == full.num_rows() { full.clone() } else { arrow_select::take::take_record_batch(&full, &UInt32Array::from(idx))? };
             spill.write(&taken)?;
         }
         Ok(())
@@ -335,7 +336,8 @@ impl Spill {
         if let Some(mut w) = self.writer.take() {
             w.finish()?;
         }
-        Ok(FileReader::try_new(File::open(self.tmp.path()).map_err(|e| spill_error(self.tmp.path(), e))?, projection)?.map(|b| b.map_err(Error::from)))
+        Ok(FileReader::try_new(File::open(self.tmp.path()).map_err(|e| spill_error(self.tmp.path(), e))?, projection)?
+            .map(|b| b.map_err(Error::from)))
     }
 }
 

@@ -228,7 +228,6 @@ impl<'a> ChangelogScan<'a> {
         self.cache.retain(&live);
         let touched = touched_files(&plan);
 
-        let mut netter = Netter::new(data_schema.clone(), key_idx, self.opts.memory_budget, &self.opts.spill_dir)?;
         let jobs: Vec<FileJob> = touched
             .into_iter()
             .map(|f| {
@@ -241,6 +240,9 @@ impl<'a> ChangelogScan<'a> {
         // Carry-over (identical rows removed and re-added) needs new data files and removed rows in one snapshot:
         // a copy-on-write rewrite. It is cancelled by fingerprint before netting, so the sort only sees real changes.
         let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
+        // with carry-over cancellation beside it the netter gets half the budget
+        let netting_budget = if carry_over { self.opts.memory_budget / 2 } else { self.opts.memory_budget };
+        let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
         let totals = if carry_over {
             let (totals, carry) = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?;
             stats.carry = carry;

@@ -10,7 +10,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, Int8Array, RecordBatch};
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
 use arrow_row::{RowConverter, Rows};
@@ -99,37 +99,39 @@ impl Netter {
         self.buffered += b.get_array_memory_size() as u64;
         self.stats.peak_buffered_bytes = self.stats.peak_buffered_bytes.max(self.buffered);
         self.buffer.push(b);
-        // Sorting needs about as much again (row encodings + the sorted copy): spill at half the budget.
+        // Sorting needs about as much again (the row encodings): spill at half the budget.
         if self.buffered > self.budget / 2 {
-            let run = self.sort_buffer()?;
-            self.spill(run)?;
+            self.spill_buffer()?;
         }
         Ok(())
     }
 
-    fn sort_buffer(&mut self) -> Result<Vec<RecordBatch>> {
+    /// Sorts the buffer and hands it to `out` in batches of [`BATCH_SIZE`]. The buffered batches are encoded and
+    /// sorted in place (no concatenated copy): at the peak this holds the buffer, its row encodings and one output
+    /// batch.
+    fn sort_buffer(&mut self, out: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
         let batches = std::mem::take(&mut self.buffer);
         self.buffered = 0;
-        if batches.is_empty() {
-            return Ok(Vec::new());
+        let encs: Vec<Encoded> = batches.into_iter().map(|b| Encoded::new(self, b)).collect::<Result<_>>()?;
+        let mut idx: Vec<(u32, u32)> =
+            encs.iter().enumerate().flat_map(|(i, e)| (0..e.batch.num_rows() as u32).map(move |r| (i as u32, r))).collect();
+        idx.sort_unstable_by(|a, b| encs[a.0 as usize].cmp_rows(a.1 as usize, &encs[b.0 as usize], b.1 as usize));
+        let refs: Vec<&RecordBatch> = encs.iter().map(|e| &e.batch).collect();
+        let mut pairs = Vec::with_capacity(BATCH_SIZE);
+        for chunk in idx.chunks(BATCH_SIZE) {
+            pairs.clear();
+            pairs.extend(chunk.iter().map(|(b, r)| (*b as usize, *r as usize)));
+            out(arrow_select::interleave::interleave_record_batch(&refs, &pairs)?)?;
         }
-        let all = arrow_select::concat::concat_batches(&self.sided_schema, &batches)?;
-        drop(batches);
-        let enc = Encoded::new(self, all)?;
-        let mut idx: Vec<u32> = (0..enc.batch.num_rows() as u32).collect();
-        idx.sort_unstable_by(|&a, &b| enc.cmp_rows(a as usize, &enc, b as usize));
-        let idx = UInt32Array::from(idx);
-        let sorted = arrow_select::take::take_record_batch(&enc.batch, &idx)?;
-        Ok((0..sorted.num_rows()).step_by(BATCH_SIZE).map(|o| sorted.slice(o, BATCH_SIZE.min(sorted.num_rows() - o))).collect())
+        Ok(())
     }
 
-    fn spill(&mut self, run: Vec<RecordBatch>) -> Result<()> {
+    /// Sorts the buffer into a run spilled to a local Arrow IPC file.
+    fn spill_buffer(&mut self) -> Result<()> {
         let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
         let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
         let mut w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema)?;
-        for b in &run {
-            w.write(b)?;
-        }
+        self.sort_buffer(&mut |b| Ok(w.write(&b)?))?;
         w.finish()?;
         self.stats.spilled_runs += 1;
         self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
@@ -139,7 +141,11 @@ impl Netter {
 
     /// Sorts what is still buffered and starts merging all runs; the merge yields the net change rows.
     pub fn finish(mut self) -> Result<Merge> {
-        let last = self.sort_buffer()?;
+        let mut last = Vec::new();
+        self.sort_buffer(&mut |b| {
+            last.push(b);
+            Ok(())
+        })?;
         if !last.is_empty() {
             self.runs.push(Run::Memory(last));
         }

@@ -57,6 +57,8 @@ pub struct WriterSpec<'a> {
     /// Equality columns as target field ids.
     pub equality_ids: Vec<i32>,
     pub target_file_size: u64,
+    /// Bytes the commit's open data and delete files may buffer together.
+    pub write_budget: u64,
     /// The target is empty and rows come from a full copy: no equality deletes are needed.
     pub bootstrap: bool,
     /// The commit covers several source snapshots, so a key may change twice in it.
@@ -88,13 +90,23 @@ impl CommitWriter {
         }
         let keys = RowConverter::new(key_idx.iter().map(|&i| SortField::new(arrow.field(i).data_type().clone())).collect())?;
         let size = spec.target_file_size as usize;
+        // data files get most of the write budget: delete files hold only the key columns
+        let rg = crate::sink::iceberg::files::row_group_bytes(spec.write_budget * 3 / 4);
+        let rg_deletes = crate::sink::iceberg::files::row_group_bytes(spec.write_budget / 4);
         Ok(CommitWriter {
             table: table.clone(),
-            data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size)?,
+            data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg)?,
             eq: if spec.bootstrap {
                 None
             } else {
-                Some(PartitionedWriter::new(table, &schema, &spec.delete_spec, Content::EqualityDeletes(spec.equality_ids.clone()), size)?)
+                Some(PartitionedWriter::new(
+                    table,
+                    &schema,
+                    &spec.delete_spec,
+                    Content::EqualityDeletes(spec.equality_ids.clone()),
+                    size,
+                    rg_deletes,
+                )?)
             },
             schema,
             arrow,

@@ -18,6 +18,16 @@ use crate::error::{Error, Result};
 
 pub const DEFAULT_TARGET_FILE_SIZE: usize = crate::config::DEFAULT_TARGET_FILE_SIZE as usize;
 
+/// Row-group size of files written outside a sync's memory budget (tests, benchmark fixtures).
+pub const DEFAULT_ROW_GROUP_BYTES: usize = 64 << 20;
+
+/// Bytes one open file may buffer (its row group in progress) when `budget` is shared by the open writers of a
+/// commit: a commit touching up to 16 partitions stays within it; more partitions share it less well. Row groups are
+/// never smaller than 1 MiB (readers pay per row group) nor larger than 128 MiB.
+pub fn row_group_bytes(budget: u64) -> usize {
+    (budget / 16).clamp(1 << 20, 128 << 20) as usize
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
     Data,
@@ -61,8 +71,16 @@ pub struct PartitionedWriter {
 
 impl PartitionedWriter {
     /// Files of `table` written in `table_schema` (the table's current schema, or the one the commit adds) and
-    /// partitioned by `spec` (one of the table's specs).
-    pub fn new(table: &Table, table_schema: &SchemaRef, spec: &PartitionSpecRef, content: Content, target_size: usize) -> Result<Self> {
+    /// partitioned by `spec` (one of the table's specs). Each open file buffers at most about `row_group_bytes`
+    /// (encoded) before its row group is written out: one file per partition is open, so this bounds the memory.
+    pub fn new(
+        table: &Table,
+        table_schema: &SchemaRef,
+        spec: &PartitionSpecRef,
+        content: Content,
+        target_size: usize,
+        row_group_bytes: usize,
+    ) -> Result<Self> {
         let meta = table.metadata();
         let table_schema = table_schema.clone();
         let spec = spec.clone();
@@ -92,6 +110,7 @@ impl PartitionedWriter {
         };
         let props = WriterProperties::builder()
             .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
+            .set_max_row_group_bytes(Some(row_group_bytes.max(1)))
             .build();
         Ok(PartitionedWriter {
             builder: ParquetWriterBuilder::new(props, file_schema),
@@ -203,6 +222,7 @@ pub async fn write_data(table: &Table, batches: &[RecordBatch]) -> Result<Vec<Da
         table.metadata().default_partition_spec(),
         Content::Data,
         DEFAULT_TARGET_FILE_SIZE,
+        DEFAULT_ROW_GROUP_BYTES,
     )?;
     for b in batches {
         w.write(b).await?;
@@ -218,6 +238,7 @@ pub async fn write_equality_deletes(table: &Table, equality_ids: Vec<i32>, batch
         table.metadata().default_partition_spec(),
         Content::EqualityDeletes(equality_ids),
         DEFAULT_TARGET_FILE_SIZE,
+        DEFAULT_ROW_GROUP_BYTES,
     )?;
     for b in batches {
         w.write(b).await?;

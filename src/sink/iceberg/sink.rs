@@ -38,6 +38,8 @@ pub struct IcebergSink<'c> {
     open: Option<Open>,
     retries: u32,
     created: bool,
+    /// The engine's memory budget; a quarter of it buffers the files being written.
+    memory_budget: u64,
 }
 
 /// The commit being written.
@@ -54,8 +56,19 @@ struct Open {
 }
 
 impl<'c> IcebergSink<'c> {
-    pub fn new(catalog: &'c Catalog, cfg: TargetConfig) -> Self {
-        IcebergSink { catalog, cfg, table: None, map: FieldMap::default(), equality_ids: Vec::new(), open: None, retries: 0, created: false }
+    /// A sink writing to `cfg`'s table in `catalog`, its writers' buffers bounded by a share of `memory_budget`.
+    pub fn new(catalog: &'c Catalog, cfg: TargetConfig, memory_budget: u64) -> Self {
+        IcebergSink {
+            catalog,
+            cfg,
+            table: None,
+            map: FieldMap::default(),
+            equality_ids: Vec::new(),
+            open: None,
+            retries: 0,
+            created: false,
+            memory_budget,
+        }
     }
 
     fn table(&self) -> Result<&Table> {
@@ -177,6 +190,7 @@ impl<'c> IcebergSink<'c> {
             map: &evolution.map,
             equality_ids,
             target_file_size: self.cfg.target_file_size,
+            write_budget: self.memory_budget / 4,
             bootstrap: chunk.bootstrap,
             multi_snapshot: chunk.snapshots.len() > 1,
             delete_spec: Self::delete_spec(table),
