@@ -383,7 +383,6 @@ mod tests {
             c.remove(b, fps, &mut emit).unwrap();
         }
         let stats = c.finish(&mut emit).unwrap();
-        drop(emit);
         out.sort_by(|a, b| (a.1, a.0, &a.2).cmp(&(b.1, b.0, &b.2)));
         // spill files are gone with the carry-over
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

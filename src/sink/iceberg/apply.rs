@@ -38,8 +38,10 @@ pub struct CommitWriter {
     eq: Option<PartitionedWriter>,
     key_idx: Vec<usize>,
     keys: RowConverter,
-    /// Keys this commit already deletes by equality.
+    /// Keys this commit already deletes by equality (commits of several snapshots only).
     deleted: crate::spec::rowenc::KeySet,
+    /// The last key deleted by equality (single-snapshot commits: repeats are adjacent).
+    last_deleted: Option<Box<[u8]>>,
     /// Rows this commit wrote: key → (file, position, source snapshot).
     written: HashMap<Box<[u8]>, Vec<Written>, ahash::RandomState>,
     positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
@@ -114,6 +116,7 @@ impl CommitWriter {
             key_idx,
             keys,
             deleted: Default::default(),
+            last_deleted: None,
             written: Default::default(),
             positions: BTreeMap::new(),
             file_partitions: HashMap::new(),
@@ -161,8 +164,7 @@ impl CommitWriter {
                     }
                 }
             }
-            if self.eq.is_some() && !self.deleted.contains(key) && t != ChangeType::UpdateAfter {
-                self.deleted.insert(key.into());
+            if self.eq.is_some() && t != ChangeType::UpdateAfter && self.first_delete_of(key) {
                 eq_rows.push(i as u32);
             }
             if matches!(t, ChangeType::Insert | ChangeType::UpdateAfter) {
@@ -196,6 +198,21 @@ impl CommitWriter {
             }
         }
         Ok(())
+    }
+
+    /// Whether `key` gets its equality delete now (false when it already has one in this commit). One source
+    /// snapshot's change rows come in key order, so within a single-snapshot commit a repeat can only follow its
+    /// previous row: comparing with the last key keeps memory flat however many keys the commit touches. Only a
+    /// commit of several snapshots remembers every key.
+    fn first_delete_of(&mut self, key: &[u8]) -> bool {
+        if !self.track_positions {
+            if self.last_deleted.as_deref() == Some(key) {
+                return false;
+            }
+            self.last_deleted = Some(key.into());
+            return true;
+        }
+        self.deleted.insert(key.into())
     }
 
     /// Gives up the commit: the paths of every file written so far, for the caller to remove.
