@@ -152,20 +152,23 @@ def test_parquet_output_matches_jsonl(spark, spark_tables, warehouse, tmp_path):
     assert got == Counter((r["_change_type"], r["id"], r["amount"]) for r in jsonl)
 
 
-def test_copy_on_write_with_a_small_budget_splits_and_spills(spark, spark_tables, warehouse, tmp_path):
+@pytest.mark.parametrize("partitioned", [False, True], ids=["global", "by-partition"])
+def test_copy_on_write_with_a_small_budget_splits_and_spills(spark, spark_tables, warehouse, tmp_path, partitioned):
     """A copy-on-write MERGE over 60k rows with a 1 MiB budget: carry-over is cancelled in several fingerprint
     parts spilled to local disk — still one read of each file; the result must equal the unconstrained run and
     Spark's changelog view."""
-    t = f"{CAT}.db.cow_big"
+    name = "cow_big_p" if partitioned else "cow_big"
+    t = f"{CAT}.db.{name}"
     spark.sql(f"DROP TABLE IF EXISTS {t}")
-    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING, n INT) USING iceberg TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='copy-on-write')")
+    part = "PARTITIONED BY (bucket(4, id)) " if partitioned else ""
+    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING, n INT) USING iceberg {part}TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='copy-on-write')")
     spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
     spark.range(60000).selectExpr("id", "concat('v', id) as v", "cast(id % 7 as int) as n").repartition(3).writeTo(t).append()
     spark.sql(f"MERGE INTO {t} x USING (SELECT id FROM range(60000) WHERE id % 10 = 0 OR id % 50 = 1) s ON x.id = s.id "
               "WHEN MATCHED AND x.id % 50 = 1 THEN DELETE WHEN MATCHED THEN UPDATE SET x.n = x.n + 100")
     s1, s2 = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {t}.snapshots ORDER BY committed_at").collect()]
-    small = write_config(str(tmp_path / "small.toml"), "db.cow_big", warehouse, f'[engine]\nmemory_budget = "1MiB"\nspill_dir = "{tmp_path}"')
-    big = write_config(str(tmp_path / "big.toml"), "db.cow_big", warehouse)
+    small = write_config(str(tmp_path / "small.toml"), f"db.{name}", warehouse, f'[engine]\nmemory_budget = "1MiB"\nspill_dir = "{tmp_path}"')
+    big = write_config(str(tmp_path / "big.toml"), f"db.{name}", warehouse)
     p = run_cdc("changes", "--config", small, "--from-snapshot", str(s1))
     q = run_cdc("changes", "--config", big, "--from-snapshot", str(s1))
     files = lambda err: int(err.split(" files /")[0].rsplit(" ", 1)[1])
@@ -175,8 +178,8 @@ def test_copy_on_write_with_a_small_budget_splits_and_spills(spark, spark_tables
     assert p.stdout == q.stdout
     rows = [json.loads(line) for line in p.stdout.splitlines()]
     got = Counter((r["_change_type"], r["id"], r["n"]) for r in rows)
-    spark.sql(f"CALL {CAT}.system.create_changelog_view(table => 'db.cow_big', options => map('start-snapshot-id', '{s1}', 'end-snapshot-id', '{s2}'), "
-              "changelog_view => 'cl_big', compute_updates => true, identifier_columns => array('id'))")
-    want = Counter((r._change_type, r.id, r.n) for r in spark.sql("SELECT * FROM cl_big").collect())
+    spark.sql(f"CALL {CAT}.system.create_changelog_view(table => 'db.{name}', options => map('start-snapshot-id', '{s1}', 'end-snapshot-id', '{s2}'), "
+              f"changelog_view => 'cl_{name}', compute_updates => true, identifier_columns => array('id'))")
+    want = Counter((r._change_type, r.id, r.n) for r in spark.sql(f"SELECT * FROM cl_{name}").collect())
     assert got == want, (len(rows), got - want, want - got)
     assert sum(1 for r in rows if r["_change_type"] == "DELETE") == 1200
