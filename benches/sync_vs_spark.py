@@ -152,18 +152,20 @@ def main():
     ap.add_argument("--cdc", default=os.path.join(ROOT, "target", "release", "cdc"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--budget", default="256MiB", help="engine.memory_budget (256MiB is the default)")
+    ap.add_argument("--keep", metavar="DIR", help="build the warehouse in DIR and keep it (to rerun `cdc sync` by hand)")
     args = ap.parse_args()
     try:
         import duckdb  # noqa: F401
     except ImportError:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "duckdb==1.4.2"], check=True)
-    wh = tempfile.mkdtemp(prefix="cdc-bench-")
+    wh = args.keep or tempfile.mkdtemp(prefix="cdc-bench-")
     spark = spark_workloads.spark_session(wh, driver_memory="6g")
     spark.sparkContext.setLogLevel("ERROR")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
     results = [one_size(spark, wh, n, args) for n in args.rows]
     spark.stop()
-    shutil.rmtree(wh, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(wh, ignore_errors=True)
 
     print(f"\nengine.memory_budget = {args.budget}; {args.runs} runs each (cdc: median wall; raw scan: least CPU).\n")
     print("| rows | files involved | MB involved | `cdc sync` wall s | CPU s | CPU s per GB | MB read / MB involved | spilled MB | peak RSS MB "

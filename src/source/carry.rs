@@ -10,8 +10,8 @@
 //!
 //! Memory is bounded by `share`, whatever the size of the group, and no data file is read twice:
 //! - one part (the fingerprints fit half the share): added fingerprints are counted in a map; added rows are kept in
-//!   memory while they fit the other half, and beyond it appended to a local spill file (Arrow IPC) that `finish`
-//!   streams back.
+//!   memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow IPC) that
+//!   `finish` streams back.
 //! - several parts: rows of both sides are written once to per-part spill files by fingerprint (`fp % parts`, so
 //!   equal rows meet in one part); `finish` then handles part by part: count the part's added fingerprints (read
 //!   back as a projection), stream its removed rows (cancelling), stream its added rows.
@@ -144,7 +144,8 @@ impl CarryOver {
             counts: HashMap::with_capacity_and_hasher(capacity, Default::default()),
             kept: Vec::new(),
             kept_bytes: 0,
-            keep_limit: half,
+            // the rows kept get what the fingerprints leave of the share
+            keep_limit: if parts == 1 { share - added_upper * FP_ENTRY_BYTES } else { 0 },
             added_overflow: None,
             added_parts: (0..parts).map(|_| None).collect(),
             removed_parts: (0..parts).map(|_| None).collect(),

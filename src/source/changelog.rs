@@ -240,8 +240,8 @@ impl<'a> ChangelogScan<'a> {
         // Carry-over (identical rows removed and re-added) needs new data files and removed rows in one snapshot:
         // a copy-on-write rewrite. It is cancelled by fingerprint before netting, so the sort only sees real changes.
         let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
-        // with carry-over cancellation beside it the netter gets half the budget
-        let netting_budget = if carry_over { self.opts.memory_budget / 2 } else { self.opts.memory_budget };
+        // beside carry-over cancellation the netter gets a quarter of the budget: it only sees the real changes
+        let netting_budget = if carry_over { self.opts.memory_budget / 4 } else { self.opts.memory_budget };
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
         let totals = if carry_over {
             let (totals, carry) = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?;
@@ -410,7 +410,8 @@ impl ChangelogScan<'_> {
     ///
     /// Identical rows have identical partition values, so when every file involved has the same partitioned spec
     /// the pairs can only form inside one partition: each partition is a group with its own small fingerprint
-    /// table, and up to `concurrency` groups run at once, sharing half the budget (the netter has the other half).
+    /// table, and up to `concurrency` groups run at once, sharing three quarters of the budget (the netter has the
+    /// rest).
     /// Otherwise (unpartitioned tables, files of several specs) all files form one group. A pair missed by the
     /// grouping would still cancel in the netter: grouping decides the cost, never the result.
     async fn push_without_carry_over(
@@ -422,8 +423,11 @@ impl ChangelogScan<'_> {
         netter: &mut Netter,
     ) -> Result<((u64, u64, u64), CarryStats)> {
         let groups = carry_over_groups(jobs);
-        let k = self.opts.concurrency.clamp(1, groups.len().max(1));
-        let share = (self.opts.memory_budget / 2 / k as u64).max(1);
+        // groups are CPU work (decode, fingerprint): as many at once as there are cores, within the read concurrency
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let k = self.opts.concurrency.min(cores).clamp(1, groups.len().max(1));
+        tracing::debug!(groups = groups.len(), concurrent = k, "carry-over groups");
+        let share = (self.opts.memory_budget * 3 / 4 / k as u64).max(1);
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true };
         let netter = std::cell::RefCell::new(netter);
@@ -470,6 +474,7 @@ impl ChangelogScan<'_> {
             })
             .await?;
         let stats = carry.finish(&mut emit)?;
+        tracing::debug!(added_upper, share, parts = stats.parts, spilled = stats.spilled_bytes, cancelled = stats.cancelled, "carry-over group done");
         Ok(((a.0 + r.0, a.1 + r.1, a.2 + r.2), stats))
     }
 
@@ -691,7 +696,12 @@ async fn diff_file(
             (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
         ] {
             if mask.iter().any(|m| *m) {
-                let batch = arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?;
+                // a whole file added or removed (the common case) passes its batches on without a copy
+                let batch = if mask.iter().all(|m| *m) {
+                    batch.clone()
+                } else {
+                    arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?
+                };
                 let fps = conv.as_ref().map(|c| carry::fingerprints(c, &batch)).transpose()?;
                 if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
                     return Ok(offset); // receiver gone: the scan failed elsewhere
