@@ -77,7 +77,7 @@ pub async fn run_changes(
         summary.update_pairs += st.count(ChangeType::UpdateAfter);
         summary.files_read += st.files_read;
         summary.bytes_read += st.bytes_read;
-        summary.spilled_bytes += st.net.spilled_bytes + st.carry.spilled_bytes;
+        summary.spilled_bytes += st.spilled_bytes();
         on_snapshot(&st);
     }
     writer.finish()?;
@@ -382,7 +382,7 @@ pub async fn run_once(
                 let mut add = |st: SnapshotStats| {
                     summary.source_files_read += st.files_read;
                     summary.source_bytes_read += st.bytes_read;
-                    summary.spilled_bytes += st.net.spilled_bytes + st.carry.spilled_bytes;
+                    summary.spilled_bytes += st.spilled_bytes();
                 };
                 if chunk.bootstrap {
                     add(scan.scan_contents(chunk.last(), &mut rows).await?);

@@ -190,13 +190,8 @@ impl CarryOver {
                 let keep = self.use_up(&fps, true);
                 emit_masked(emit, Side::Added, &batch, keep)?;
             }
-            if let Some(mut spill) = self.added_overflow.take() {
-                for b in spill.read(None)? {
-                    let (batch, fps) = split_fps(&self.schema, b?);
-                    let keep = self.use_up(&fps, true);
-                    emit_masked(emit, Side::Added, &batch, keep)?;
-                }
-                self.stats.spilled_bytes += spill.bytes()?;
+            if let Some(spill) = self.added_overflow.take() {
+                self.drain(spill, Side::Added, emit)?;
             }
             return Ok(self.stats);
         }
@@ -213,24 +208,25 @@ impl CarryOver {
                     }
                 }
             }
-            if let Some(mut r) = removed {
-                for b in r.read(None)? {
-                    let (batch, fps) = split_fps(&self.schema, b?);
-                    let keep = self.use_up(&fps, false);
-                    emit_masked(emit, Side::Removed, &batch, keep)?;
-                }
-                self.stats.spilled_bytes += r.bytes()?;
+            if let Some(r) = removed {
+                self.drain(r, Side::Removed, emit)?;
             }
-            if let Some(mut a) = added {
-                for b in a.read(None)? {
-                    let (batch, fps) = split_fps(&self.schema, b?);
-                    let keep = self.use_up(&fps, true);
-                    emit_masked(emit, Side::Added, &batch, keep)?;
-                }
-                self.stats.spilled_bytes += a.bytes()?;
+            if let Some(a) = added {
+                self.drain(a, Side::Added, emit)?;
             }
         }
         Ok(self.stats)
+    }
+
+    /// Streams a spill file of `side` back through the counts, emitting its survivors.
+    fn drain(&mut self, mut spill: Spill, side: Side, emit: &mut Emit<'_>) -> Result<()> {
+        for b in spill.read(None)? {
+            let (batch, fps) = split_fps(&self.schema, b?);
+            let keep = self.use_up(&fps, side == Side::Added);
+            emit_masked(emit, side, &batch, keep)?;
+        }
+        self.stats.spilled_bytes += spill.bytes()?;
+        Ok(())
     }
 
     /// Per row whether it survives. A removed row survives unless an identical added row was counted (and uses the

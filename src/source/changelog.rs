@@ -51,6 +51,11 @@ impl SnapshotStats {
     pub fn count(&self, t: ChangeType) -> u64 {
         self.counts[t as usize]
     }
+
+    /// Bytes written to local spill files (netting runs and carry-over parts).
+    pub fn spilled_bytes(&self) -> u64 {
+        self.net.spilled_bytes + self.carry.spilled_bytes
+    }
 }
 
 /// Key columns as field ids: the configured names, else the identifier fields; empty = no key (whole-row identity).

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -67,6 +68,20 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def wait_until(cond, secs=90):
+    """Polls `cond` once a second until it is true (an exception counts as not yet, e.g. a target not created yet);
+    returns whether it became true within `secs`."""
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        try:
+            if cond():
+                return True
+        except Exception:  # noqa: BLE001 - not there yet
+            pass
+        time.sleep(1)
+    return False
 
 
 def write_config(path, table, warehouse, extra="", target=""):

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import gcp_fake
-from conftest import CDC, ROOT, run_cdc
+from conftest import CDC, ROOT, run_cdc, wait_until
 from spark_workloads import TABLES, workload
 
 PROJECT = "cdc-test"
@@ -183,14 +183,7 @@ def test_service_replicates_across_many_token_expiries(spark, gcp, tmp_path):
             time.sleep(3)
             spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id % 3 = {i % 3}")
             spark.sql(f"INSERT INTO {src} VALUES (100 + {i}, 'live-{i}', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'l', 'x')")
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if rows(spark, f"{GSCAT}.repl.g_live") == rows(spark, src):
-                    break
-            except Exception:  # noqa: BLE001 - the target may not exist yet
-                pass
-            time.sleep(1)
+        wait_until(lambda: rows(spark, f"{GSCAT}.repl.g_live") == rows(spark, src))
         assert svc.poll() is None, "the service died"
     finally:
         svc.send_signal(signal.SIGTERM)

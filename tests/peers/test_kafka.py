@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import CDC, ROOT, cdc_changes, free_port, run_cdc, write_config
+from conftest import CDC, ROOT, cdc_changes, free_port, run_cdc, wait_until, write_config
 from spark_workloads import CAT
 
 KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka.sh")
@@ -336,14 +336,7 @@ def test_service_fan_out(spark, warehouse, kafka, tmp_path):
         spark.sql(f"UPDATE {src} SET v = 'a2' WHERE id = 1")
         spark.sql(f"DELETE FROM {src} WHERE id = 2")
         spark.sql(f"INSERT INTO {src} VALUES (4, 'd')")
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src):
-                    break
-            except Exception:  # noqa: BLE001 - not created yet
-                pass
-            time.sleep(1)
+        wait_until(lambda: spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src))
         state = fold(consume(kafka["bootstrap"], topic, idle=5))
     finally:
         p.send_signal(signal.SIGTERM)
