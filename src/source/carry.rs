@@ -1,23 +1,23 @@
 //! Copy-on-write carry-over: cancelling the rows a rewrite removed and re-added unchanged, in one read of each file.
 //!
 //! A copy-on-write commit removes whole files and adds rewritten ones; most of their rows are identical on both
-//! sides. Before netting, each added row is matched against a removed row with the same 128-bit fingerprint (a hash
-//! of the whole row encoding); matched pairs vanish, the rest are real changes.
+//! sides. Before netting, each added row is matched against a removed row with the same 128-bit fingerprint
+//! ([`super::fingerprint`]); matched pairs vanish, the rest are real changes.
 //!
 //! Protocol (per group of files that can share rows, see `changelog`): every added row first ([`CarryOver::add`]),
 //! then every removed row ([`CarryOver::remove`], which emits the removed rows that no added row cancels), then
 //! [`CarryOver::finish`] emits the added rows no removed row cancelled.
 //!
 //! Memory is bounded by `share`, whatever the size of the group, and no data file is read twice:
-//! - one part (the fingerprints fit half the share): added fingerprints are counted in a map; added rows are kept in
-//!   memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow IPC) that
-//!   `finish` streams back.
+//! - one part (the added rows' [`Matcher`] fits half the share): added fingerprints go into the matcher; added rows
+//!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
+//!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
 //! - several parts: rows of both sides are written once to per-part spill files by fingerprint (`fp % parts`, so
-//!   equal rows meet in one part); `finish` then handles part by part: count the part's added fingerprints (read
-//!   back as a projection), stream its removed rows (cancelling), stream its added rows.
+//!   equal rows meet in one part); `finish` then handles part by part: the part's added fingerprints into a fresh
+//!   matcher (read back as a projection), its removed rows streamed (cancelling), its added rows streamed.
 //!
-//! A map entry costs about [`FP_ENTRY_BYTES`]; spill files carry the fingerprint as two extra `UInt64` columns.
-use std::collections::HashMap;
+//! [`Matcher::bytes_for`] says what the matcher of a part holds; per-part spill files carry the fingerprint as two
+//! extra `UInt64` columns.
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,66 +25,14 @@ use std::sync::Arc;
 use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
-use arrow_row::RowConverter;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
+use crate::source::matcher::Matcher;
 use crate::source::net::Side;
-use crate::spec::rowenc;
-
-/// Bytes one fingerprint costs in the count map (16 key + 4 count, padding, control byte, load factor).
-pub(crate) const FP_ENTRY_BYTES: u64 = 48;
 
 const FP_HI: &str = "__cdc_fp_hi";
 const FP_LO: &str = "__cdc_fp_lo";
-
-/// Seeds fixed so that every read of a snapshot fingerprints a row the same way (SHA-512's initial words; not the
-/// digits of pi, which ahash XORs its seeds with — those zero its keys).
-const FP_SEEDS: [u64; 8] = [
-    0x6a09e667f3bcc908,
-    0xbb67ae8584caa73b,
-    0x3c6ef372fe94f82b,
-    0xa54ff53a5f1d36f1,
-    0x510e527fade682d1,
-    0x9b05688c2b3e6c1f,
-    0x1f83d9abfb41bd6b,
-    0x5be0cd19137e2179,
-];
-
-/// Fingerprints are hashes already: the map uses their low bits instead of hashing them again.
-#[derive(Default)]
-pub(crate) struct FpHasher(u64);
-
-impl std::hash::Hasher for FpHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ *b as u64;
-        }
-    }
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
-    }
-}
-
-type FpBuild = std::hash::BuildHasherDefault<FpHasher>;
-type Counts = HashMap<u128, u32, FpBuild>;
-
-/// 128-bit fingerprints of whole rows (two independent 64-bit hashes of the row encoding). `conv` must encode every
-/// column of `batch`.
-pub(crate) fn fingerprints(conv: &RowConverter, batch: &RecordBatch) -> Result<Vec<u128>> {
-    let rows = rowenc::convert(conv, batch.columns())?;
-    let h1 = ahash::RandomState::with_seeds(FP_SEEDS[0], FP_SEEDS[1], FP_SEEDS[2], FP_SEEDS[3]);
-    let h2 = ahash::RandomState::with_seeds(FP_SEEDS[4], FP_SEEDS[5], FP_SEEDS[6], FP_SEEDS[7]);
-    Ok(rows.iter().map(|r| ((h1.hash_one(r.as_ref()) as u128) << 64) | h2.hash_one(r.as_ref()) as u128).collect())
-}
-
-/// A row converter over every column of `schema`, for [`fingerprints`].
-pub(crate) fn fingerprint_converter(schema: &SchemaRef) -> Result<RowConverter> {
-    rowenc::converter(schema.fields().iter().map(|f| f.data_type().clone()))
-}
 
 /// What a carry-over pass did, for the scan's statistics.
 #[derive(Debug, Default, Clone, Copy)]
@@ -115,9 +63,9 @@ pub(crate) struct CarryOver {
     spill_schema: SchemaRef,
     spill_dir: PathBuf,
     parts: u64,
-    counts: Counts,
-    /// One part: added rows kept in memory, and where they went once the memory half was used up.
-    kept: Vec<(RecordBatch, Vec<u128>)>,
+    matcher: Matcher,
+    /// One part: added rows kept in memory, and where they went once the memory left by the matcher was used up.
+    kept: Vec<RecordBatch>,
     kept_bytes: u64,
     keep_limit: u64,
     added_overflow: Option<Spill>,
@@ -131,21 +79,26 @@ impl CarryOver {
     /// `added_upper`: an upper bound on the added rows (manifest record counts); `share`: the bytes this group may hold.
     pub(crate) fn new(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path) -> Self {
         let half = (share / 2).max(1);
-        let parts = (added_upper * FP_ENTRY_BYTES).div_ceil(half).max(1);
+        // as many parts as it takes for each part's matcher to fit half the share
+        let mut parts = (added_upper * 30 / half).max(1); // a matcher holds more than 30 bytes a row
+        while Matcher::bytes_for(added_upper.div_ceil(parts)) > half && parts < added_upper.max(1) {
+            parts += 1;
+        }
         let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new(FP_HI, DataType::UInt64, false));
         fields.push(Field::new(FP_LO, DataType::UInt64, false));
-        let capacity = if parts == 1 { added_upper as usize } else { 0 };
+        let rows_per_part = added_upper.div_ceil(parts) as usize;
         CarryOver {
             spill_schema: Arc::new(Schema::new(fields)),
             schema,
             spill_dir: spill_dir.to_path_buf(),
             parts,
-            counts: HashMap::with_capacity_and_hasher(capacity, Default::default()),
+            // several parts: each part's matcher is built when the part is handled
+            matcher: Matcher::with_capacity(if parts == 1 { rows_per_part } else { 0 }),
             kept: Vec::new(),
             kept_bytes: 0,
-            // the rows kept get what the fingerprints leave of the share
-            keep_limit: if parts == 1 { share - added_upper * FP_ENTRY_BYTES } else { 0 },
+            // the rows kept get what the matcher leaves of the share
+            keep_limit: if parts == 1 { share.saturating_sub(Matcher::bytes_for(added_upper)) } else { 0 },
             added_overflow: None,
             added_parts: (0..parts).map(|_| None).collect(),
             removed_parts: (0..parts).map(|_| None).collect(),
@@ -158,20 +111,18 @@ impl CarryOver {
         if self.parts > 1 {
             return self.split(Side::Added, &batch, &fps);
         }
-        for fp in &fps {
-            *self.counts.entry(*fp).or_default() += 1;
-        }
-        let bytes = batch.get_array_memory_size() as u64 + 16 * fps.len() as u64;
+        self.matcher.add(&fps);
+        let bytes = batch.get_array_memory_size() as u64;
         if self.added_overflow.is_none() && self.kept_bytes + bytes <= self.keep_limit {
             self.kept_bytes += bytes;
-            self.kept.push((batch, fps));
+            self.kept.push(batch);
             return Ok(());
         }
         let spill = match &mut self.added_overflow {
             Some(s) => s,
-            None => self.added_overflow.insert(Spill::create(&self.spill_dir, &self.spill_schema)?),
+            None => self.added_overflow.insert(Spill::create(&self.spill_dir, &self.schema)?),
         };
-        spill.write(&with_fps(&self.spill_schema, &batch, &fps)?)
+        spill.write(&batch)
     }
 
     /// A removed row batch with its fingerprints; with one part the rows no added row cancels are emitted now.
@@ -179,15 +130,14 @@ impl CarryOver {
         if self.parts > 1 {
             return self.split(Side::Removed, &batch, &fps);
         }
-        let keep = self.use_up(&fps, false);
-        emit_masked(emit, Side::Removed, &batch, keep)
+        self.cancel(&batch, &fps, emit)
     }
 
     /// Emits what is left: the added rows no removed row cancelled (one part), or every part's survivors.
     pub(crate) fn finish(mut self, emit: &mut Emit<'_>) -> Result<CarryStats> {
         if self.parts == 1 {
-            for (batch, fps) in std::mem::take(&mut self.kept) {
-                let keep = self.use_up(&fps, true);
+            for batch in std::mem::take(&mut self.kept) {
+                let keep = self.matcher.survivors(batch.num_rows());
                 emit_masked(emit, Side::Added, &batch, keep)?;
             }
             if let Some(spill) = self.added_overflow.take() {
@@ -199,13 +149,10 @@ impl CarryOver {
         for part in 0..self.parts as usize {
             let mut added = self.added_parts[part].take();
             let removed = self.removed_parts[part].take();
-            self.counts.clear();
+            self.matcher = Matcher::with_capacity(0);
             if let Some(a) = &mut added {
                 for b in a.read(Some(vec![n, n + 1]))? {
-                    let b = b?;
-                    for fp in fps_of(&b, 0) {
-                        *self.counts.entry(fp).or_default() += 1;
-                    }
+                    self.matcher.add(&fps_of(&b?, 0));
                 }
             }
             if let Some(r) = removed {
@@ -218,35 +165,34 @@ impl CarryOver {
         Ok(self.stats)
     }
 
-    /// Streams a spill file of `side` back through the counts, emitting its survivors.
+    /// Emits the removed rows of `batch` that no added row cancels.
+    fn cancel(&mut self, batch: &RecordBatch, fps: &[u128], emit: &mut Emit<'_>) -> Result<()> {
+        let (keep, cancelled) = self.matcher.cancel(fps);
+        self.stats.cancelled += cancelled;
+        emit_masked(emit, Side::Removed, batch, keep)
+    }
+
+    /// Streams a spill file of `side` back, emitting its survivors. Added rows come back in the order they were
+    /// added (the matcher knows them by that order); removed rows carry their fingerprints.
     fn drain(&mut self, mut spill: Spill, side: Side, emit: &mut Emit<'_>) -> Result<()> {
-        for b in spill.read(None)? {
-            let (batch, fps) = split_fps(&self.schema, b?);
-            let keep = self.use_up(&fps, side == Side::Added);
-            emit_masked(emit, side, &batch, keep)?;
+        let n = self.schema.fields().len();
+        let data_only = (side == Side::Added).then(|| (0..n).collect());
+        for b in spill.read(data_only)? {
+            let b = b?;
+            match side {
+                Side::Added => {
+                    let keep = self.matcher.survivors(b.num_rows());
+                    let data = RecordBatch::try_new(self.schema.clone(), b.columns()[..n].to_vec())?;
+                    emit_masked(emit, side, &data, keep)?;
+                }
+                Side::Removed => {
+                    let (batch, fps) = split_fps(&self.schema, b);
+                    self.cancel(&batch, &fps, emit)?;
+                }
+            }
         }
         self.stats.spilled_bytes += spill.bytes()?;
         Ok(())
-    }
-
-    /// Per row whether it survives. A removed row survives unless an identical added row was counted (and uses the
-    /// count up); an added row survives while its count — what no removed row cancelled — lasts.
-    fn use_up(&mut self, fps: &[u128], added: bool) -> Vec<bool> {
-        fps.iter()
-            .map(|fp| {
-                let counted = match self.counts.get_mut(fp) {
-                    Some(c) if *c > 0 => {
-                        *c -= 1;
-                        true
-                    }
-                    _ => false,
-                };
-                if counted && !added {
-                    self.stats.cancelled += 1;
-                }
-                counted == added
-            })
-            .collect()
     }
 
     /// Appends the rows of `batch` to their parts' spill files of `side`.
@@ -254,7 +200,7 @@ impl CarryOver {
         let parts = self.parts;
         let mut rows: Vec<Vec<u32>> = vec![Vec::new(); parts as usize];
         for (i, fp) in fps.iter().enumerate() {
-            // the map indexes by the low half: partition by the high half so each part's map still spreads
+            // the matcher indexes by the low half: partition by the high half so each part's table still spreads
             rows[((*fp >> 64) as u64 % parts) as usize].push(i as u32);
         }
         let full = with_fps(&self.spill_schema, batch, fps)?;
@@ -345,6 +291,7 @@ fn spill_error(path: &Path, e: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::fingerprint::Fingerprinter;
     use arrow_array::{Int64Array, StringArray};
 
     fn schema() -> SchemaRef {
@@ -360,7 +307,7 @@ mod tests {
     /// Runs the protocol over `removed`/`added` in batches of 100 and returns the surviving (side, id, value) rows.
     fn run(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64) -> (Vec<(Side, i64, String)>, CarryStats) {
         let dir = tempfile::tempdir().unwrap();
-        let conv = fingerprint_converter(&schema()).unwrap();
+        let fp = Fingerprinter::new(&schema()).unwrap();
         let mut c = CarryOver::new(schema(), added.len() as u64, share, dir.path());
         let mut out = Vec::new();
         let mut emit = |side: Side, b: RecordBatch| -> Result<()> {
@@ -371,12 +318,12 @@ mod tests {
         };
         for chunk in added.chunks(100) {
             let b = batch(chunk);
-            let fps = fingerprints(&conv, &b).unwrap();
+            let fps = fp.fingerprints(&b).unwrap();
             c.add(b, fps).unwrap();
         }
         for chunk in removed.chunks(100) {
             let b = batch(chunk);
-            let fps = fingerprints(&conv, &b).unwrap();
+            let fps = fp.fingerprints(&b).unwrap();
             c.remove(b, fps, &mut emit).unwrap();
         }
         let stats = c.finish(&mut emit).unwrap();
@@ -414,31 +361,14 @@ mod tests {
         assert_eq!(got, expected);
         assert_eq!(st.cancelled, 3000 - 300 - 60);
         // fingerprints fit, rows overflow to a spill file
-        let (got, st) = run(&removed, &added, 2 * 3100 * FP_ENTRY_BYTES);
+        let (got, st) = run(&removed, &added, 2 * Matcher::bytes_for(3100));
         assert_eq!(st.parts, 1);
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
         // fingerprints split into parts
-        let (got, st) = run(&removed, &added, 2 * 500 * FP_ENTRY_BYTES);
+        let (got, st) = run(&removed, &added, 2 * Matcher::bytes_for(500));
         assert!(st.parts >= 6, "{st:?}");
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
-    }
-
-    #[test]
-    fn fingerprints_spread_and_the_map_stays_fast() {
-        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..200_000))]).unwrap();
-        let fps = fingerprints(&fingerprint_converter(&schema).unwrap(), &b).unwrap();
-        // both halves must spread: the map indexes by the low half, parts split by the high half
-        let low: std::collections::HashSet<u64> = fps.iter().map(|f| *f as u64).collect();
-        let high: std::collections::HashSet<u64> = fps.iter().map(|f| (*f >> 64) as u64).collect();
-        assert_eq!((low.len(), high.len()), (200_000, 200_000));
-        let t = std::time::Instant::now();
-        let mut m: Counts = HashMap::default();
-        for f in &fps {
-            *m.entry(*f).or_default() += 1;
-        }
-        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
     }
 }

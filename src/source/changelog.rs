@@ -21,8 +21,9 @@ use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
-use crate::source::carry::{self, CarryOver, CarryStats};
+use crate::source::carry::{CarryOver, CarryStats};
 use crate::source::files::{self, FileEntry};
+use crate::source::fingerprint::Fingerprinter;
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::spec::lineage;
@@ -687,7 +688,7 @@ async fn diff_file(
     tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
 ) -> Result<u64> {
     let f = job.file.as_ref();
-    let conv = if fingerprint { Some(carry::fingerprint_converter(&schema)?) } else { None };
+    let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
     let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema).await?);
@@ -707,7 +708,7 @@ async fn diff_file(
                 } else {
                     arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?
                 };
-                let fps = conv.as_ref().map(|c| carry::fingerprints(c, &batch)).transpose()?;
+                let fps = fp.as_ref().map(|f| f.fingerprints(&batch)).transpose()?;
                 if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
                     return Ok(offset); // receiver gone: the scan failed elsewhere
                 }

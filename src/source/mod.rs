@@ -3,5 +3,7 @@
 pub mod carry;
 pub mod changelog;
 pub mod files;
+pub(crate) mod fingerprint;
+pub(crate) mod matcher;
 pub mod net;
 pub mod reader;
