@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, SchemaRef, Struct};
 use iceberg::table::Table;
 use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
@@ -15,6 +14,7 @@ use iceberg::writer::CurrentFileStatus;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
+use super::split::Splitter;
 
 pub const DEFAULT_TARGET_FILE_SIZE: usize = crate::config::DEFAULT_TARGET_FILE_SIZE as usize;
 
@@ -54,7 +54,7 @@ pub struct Placement {
 pub struct PartitionedWriter {
     content: Content,
     spec: PartitionSpecRef,
-    splitter: Option<RecordBatchPartitionSplitter>,
+    splitter: Option<Splitter>,
     file_io: iceberg::io::FileIO,
     locations: DefaultLocationGenerator,
     builder: ParquetWriterBuilder,
@@ -106,7 +106,7 @@ impl PartitionedWriter {
         let splitter = if spec.is_unpartitioned() {
             None
         } else {
-            Some(RecordBatchPartitionSplitter::try_new_with_computed_values(table_schema.clone(), spec.clone())?)
+            Some(Splitter::new(&table_schema, &spec)?)
         };
         let props = WriterProperties::builder()
             .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
@@ -136,7 +136,7 @@ impl PartitionedWriter {
         }
         let parts: Vec<(Option<PartitionKey>, RecordBatch)> = match &self.splitter {
             None => vec![(None, batch.clone())],
-            Some(s) => s.split(batch)?.into_iter().map(|(k, b)| (Some(k), b)).collect(),
+            Some(s) => s.split(batch)?.into_iter().map(|p| (Some(p.key), p.batch)).collect(),
         };
         let mut out = Vec::with_capacity(parts.len());
         for (key, part) in parts {

@@ -6,4 +6,5 @@ pub mod files;
 pub mod progress;
 pub mod rowdelta;
 pub mod sink;
+pub(crate) mod split;
 pub mod target;
