@@ -97,7 +97,7 @@ impl CommitWriter {
         let rg_deletes = crate::sink::iceberg::files::row_group_bytes(spec.write_budget / 4);
         Ok(CommitWriter {
             table: table.clone(),
-            data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg)?,
+            data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg, &spec.equality_ids)?,
             eq: if spec.bootstrap {
                 None
             } else {
@@ -108,6 +108,7 @@ impl CommitWriter {
                     Content::EqualityDeletes(spec.equality_ids.clone()),
                     size,
                     rg_deletes,
+                    &spec.equality_ids,
                 )?)
             },
             schema,
