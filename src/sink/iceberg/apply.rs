@@ -35,7 +35,7 @@ pub struct CommitWriter {
     /// target field id → source field id: change rows are projected onto the target by id, never by name
     to_source: HashMap<i32, i32>,
     data: PartitionedWriter,
-    eq: Option<PartitionedWriter>,
+    eq: Option<EqTask>,
     key_idx: Vec<usize>,
     keys: RowConverter,
     /// Keys this commit already deletes by equality (commits of several snapshots only).
@@ -101,7 +101,7 @@ impl CommitWriter {
             eq: if spec.bootstrap {
                 None
             } else {
-                Some(PartitionedWriter::new(
+                Some(EqTask::spawn(PartitionedWriter::new(
                     table,
                     &schema,
                     &spec.delete_spec,
@@ -109,7 +109,7 @@ impl CommitWriter {
                     size,
                     rg_deletes,
                     &spec.equality_ids,
-                )?)
+                )?))
             },
             schema,
             arrow,
@@ -176,7 +176,7 @@ impl CommitWriter {
             if !eq_rows.is_empty() {
                 let b = arrow_select::take::take_record_batch(&rows, &UInt32Array::from(eq_rows))?;
                 self.stats.equality_delete_rows += b.num_rows() as u64;
-                eq.write(&b).await?;
+                eq.write(b).await?;
             }
         }
         if !data_rows.is_empty() {
@@ -217,14 +217,17 @@ impl CommitWriter {
     }
 
     /// Gives up the commit: the paths of every file written so far, for the caller to remove.
-    pub fn abort(self) -> Vec<String> {
+    pub async fn abort(mut self) -> Vec<String> {
+        if let Some(eq) = &mut self.eq {
+            let _ = eq.join().await;
+        }
         self.opened()
     }
 
-    /// Every data and equality-delete file this commit created, finished or not.
+    /// Every data and equality-delete file this commit created, finished or not (the equality-delete task joined).
     fn opened(&self) -> Vec<String> {
         let mut paths = self.data.opened().to_vec();
-        if let Some(eq) = &self.eq {
+        if let Some(eq) = self.eq.as_ref().and_then(|e| e.writer.as_ref()) {
             paths.extend_from_slice(eq.opened());
         }
         paths
@@ -232,16 +235,21 @@ impl CommitWriter {
 
     /// Closes all files: data files and delete files (equality, then position deletes or deletion vectors). On a
     /// failure the files written so far are removed.
-    pub async fn finish(self) -> Result<CommitFiles> {
+    pub async fn finish(mut self) -> Result<CommitFiles> {
+        let joined = match &mut self.eq {
+            Some(eq) => eq.join().await,
+            None => Ok(()),
+        };
         let io = self.table.file_io().clone();
         let opened = self.opened();
-        match self.finish_files().await {
-            Ok(done) => Ok(done),
-            Err(e) => {
-                remove_unreferenced(&io, opened).await;
-                Err(e)
-            }
+        let done = match joined {
+            Ok(()) => self.finish_files().await,
+            Err(e) => Err(e),
+        };
+        if done.is_err() {
+            remove_unreferenced(&io, opened).await;
         }
+        done
     }
 
     async fn finish_files(mut self) -> Result<CommitFiles> {
@@ -250,7 +258,7 @@ impl CommitWriter {
         let default_spec = self.table.metadata().default_partition_spec_id();
         let CommitWriter { data, eq, mut stats, .. } = self;
         let data = data.finish().await?;
-        let mut deletes: Vec<(i32, DataFile)> = match eq {
+        let mut deletes: Vec<(i32, DataFile)> = match eq.and_then(|e| e.writer) {
             Some(eq) => {
                 let spec = eq.spec_id();
                 eq.finish().await?.into_iter().map(|f| (spec, f)).collect()
@@ -297,6 +305,51 @@ impl CommitWriter {
             }
         }
         Ok(out)
+    }
+}
+
+/// The equality-delete writer on its own task, so that its files encode while the data files do (the write phase of
+/// a commit uses two cores). Batches reach it through a small channel; joining closes the channel and takes the
+/// writer back (to finish it, or to know its files when the commit is abandoned).
+struct EqTask {
+    tx: Option<tokio::sync::mpsc::Sender<RecordBatch>>,
+    task: Option<tokio::task::JoinHandle<(PartitionedWriter, Result<()>)>>,
+    /// The writer, once joined.
+    writer: Option<PartitionedWriter>,
+}
+
+impl EqTask {
+    fn spawn(mut w: PartitionedWriter) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+        let task = tokio::spawn(async move {
+            while let Some(b) = rx.recv().await {
+                if let Err(e) = w.write(&b).await {
+                    return (w, Err(e));
+                }
+            }
+            (w, Ok(()))
+        });
+        EqTask { tx: Some(tx), task: Some(task), writer: None }
+    }
+
+    /// Hands `batch` to the task; when the task has stopped, its error.
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if let Some(tx) = &self.tx {
+            if tx.send(batch).await.is_ok() {
+                return Ok(());
+            }
+        }
+        self.join().await?;
+        Err(Error::Internal("the equality-delete writer has stopped".into()))
+    }
+
+    /// Waits for every batch sent to be written and takes the writer back; the first write error, if any.
+    async fn join(&mut self) -> Result<()> {
+        self.tx = None;
+        let Some(task) = self.task.take() else { return Ok(()) };
+        let (w, r) = task.await.map_err(|e| Error::Internal(format!("the equality-delete writer failed: {e}")))?;
+        self.writer = Some(w);
+        r
     }
 }
 

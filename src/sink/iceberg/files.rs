@@ -13,8 +13,8 @@ use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter,
 use iceberg::writer::CurrentFileStatus;
 use parquet::file::properties::WriterProperties;
 
-use crate::error::{Error, Result};
 use super::split::Splitter;
+use crate::error::{Error, Result};
 
 pub const DEFAULT_TARGET_FILE_SIZE: usize = crate::config::DEFAULT_TARGET_FILE_SIZE as usize;
 
@@ -105,11 +105,7 @@ impl PartitionedWriter {
                 (s, Some((idx, arrow)))
             }
         };
-        let splitter = if spec.is_unpartitioned() {
-            None
-        } else {
-            Some(Splitter::new(&table_schema, &spec)?)
-        };
+        let splitter = if spec.is_unpartitioned() { None } else { Some(Splitter::new(&table_schema, &spec)?) };
         let mut props = WriterProperties::builder()
             .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
             .set_max_row_group_bytes(Some(row_group_bytes.max(1)));

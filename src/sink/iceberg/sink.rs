@@ -350,7 +350,7 @@ impl Sink for IcebergSink<'_> {
     fn abort(&mut self) -> BoxFuture<'_, ()> {
         async move {
             if let (Some(open), Some(table)) = (self.open.take(), self.table.as_ref()) {
-                remove_unreferenced(table.file_io(), open.writer.abort()).await;
+                remove_unreferenced(table.file_io(), open.writer.abort().await).await;
             }
         }
         .boxed()

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use arrow_array::cast::AsArray;
 use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_row::RowConverter;
-use iceberg::arrow::{PartitionValueCalculator, arrow_struct_to_literal};
+use iceberg::arrow::{arrow_struct_to_literal, PartitionValueCalculator};
 use iceberg::spec::{Literal, PartitionKey, PartitionSpecRef, SchemaRef, StructType, Type};
 
 use crate::error::{Error, Result};
