@@ -243,7 +243,10 @@ mod tests {
         ]))
     }
 
-    fn batch(rows: &[(Option<i64>, Option<&str>, Option<i128>, Option<i64>, Option<Vec<&str>>)]) -> RecordBatch {
+    /// id, name, amount, at, tags
+    type Row<'a> = (Option<i64>, Option<&'a str>, Option<i128>, Option<i64>, Option<Vec<&'a str>>);
+
+    fn batch(rows: &[Row<'_>]) -> RecordBatch {
         let mut tags = ListBuilder::new(StringBuilder::new());
         for r in rows {
             match &r.4 {
