@@ -267,8 +267,18 @@ impl<'a> ChangelogScan<'a> {
         };
         let out_data_schema = data_part(&self.out_schema);
         let mut counts = [0u64; 4];
+        // the merge of the sorted runs runs on a thread of its own, so that it overlaps with the sink's writing
         let mut merge = netter.finish()?;
-        while let Some(b) = merge.next_batch()? {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+        let merging = tokio::task::spawn_blocking(move || {
+            while let Some(b) = merge.next_batch()? {
+                if tx.blocking_send(b).is_err() {
+                    break; // the sink failed: its error is reported below
+                }
+            }
+            Ok::<_, Error>(merge.stats())
+        });
+        while let Some(b) = rx.recv().await {
             let n = b.num_columns();
             let types = b.column(n - 1).clone();
             let data = RecordBatch::try_new(b.schema().project(&(0..n - 1).collect::<Vec<_>>()).map(Arc::new)?, b.columns()[..n - 1].to_vec())?;
@@ -283,7 +293,7 @@ impl<'a> ChangelogScan<'a> {
             }
             sink.write(batch).await?;
         }
-        stats.net = merge.stats();
+        stats.net = merging.await.map_err(|e| Error::Internal(format!("merging change rows failed: {e}")))??;
         stats.counts = counts;
         Ok(stats)
     }

@@ -274,7 +274,7 @@ impl Encoded {
 
 /// Reads one sorted run batch by batch; keeps the batches the pending output still points into (the arena).
 struct Cursor {
-    source: Box<dyn Iterator<Item = Result<RecordBatch>>>,
+    source: Box<dyn Iterator<Item = Result<RecordBatch>> + Send>,
     arena: Vec<Encoded>,
     offsets: Vec<usize>,
     pos: usize,
@@ -283,7 +283,7 @@ struct Cursor {
 
 impl Cursor {
     fn new(run: Run) -> Result<Self> {
-        let source: Box<dyn Iterator<Item = Result<RecordBatch>>> = match run {
+        let source: Box<dyn Iterator<Item = Result<RecordBatch>> + Send> = match run {
             Run::Memory(v) => Box::new(v.into_iter().map(Ok)),
             Run::Spilled(tmp) => {
                 let f = File::open(tmp.path())?;
