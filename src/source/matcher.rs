@@ -113,26 +113,24 @@ impl Matcher {
 
     /// The slot holding `fp`, inserted if new (None for fingerprint 0, which has its own head).
     fn slot(&mut self, fp: u128) -> Option<usize> {
-        if fp == 0 {
-            return None;
-        }
-        let mask = self.keys.len() - 1;
-        let mut s = fp as u64 as usize & mask;
-        loop {
-            if self.keys[s] == fp {
-                return Some(s);
-            }
-            if self.keys[s] == 0 {
-                self.keys[s] = fp;
+        match self.probe(fp)? {
+            Ok(s) => Some(s),
+            Err(empty) => {
+                self.keys[empty] = fp;
                 self.len += 1;
-                return Some(s);
+                Some(empty)
             }
-            s = (s + 1) & mask;
         }
     }
 
     /// The slot holding `fp`, if any (never for 0).
     fn find(&self, fp: u128) -> Option<usize> {
+        self.probe(fp)?.ok()
+    }
+
+    /// Linear probing from `fp`'s home slot: Ok(the slot holding it) or Err(the empty slot where it would go); None
+    /// for fingerprint 0 (the empty marker).
+    fn probe(&self, fp: u128) -> Option<std::result::Result<usize, usize>> {
         if fp == 0 {
             return None;
         }
@@ -140,10 +138,10 @@ impl Matcher {
         let mut s = fp as u64 as usize & mask;
         loop {
             if self.keys[s] == fp {
-                return Some(s);
+                return Some(Ok(s));
             }
             if self.keys[s] == 0 {
-                return None;
+                return Some(Err(s));
             }
             s = (s + 1) & mask;
         }
