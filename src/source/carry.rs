@@ -63,6 +63,8 @@ pub(crate) struct CarryOver {
     spill_schema: SchemaRef,
     spill_dir: PathBuf,
     parts: u64,
+    /// Added rows a part is sized for (all of them with one part).
+    rows_per_part: usize,
     matcher: Matcher,
     /// One part: added rows kept in memory, and where they went once the memory left by the matcher was used up.
     kept: Vec<RecordBatch>,
@@ -93,6 +95,7 @@ impl CarryOver {
             schema,
             spill_dir: spill_dir.to_path_buf(),
             parts,
+            rows_per_part,
             // several parts: each part's matcher is built when the part is handled
             matcher: Matcher::with_capacity(if parts == 1 { rows_per_part } else { 0 }),
             kept: Vec::new(),
@@ -149,7 +152,8 @@ impl CarryOver {
         for part in 0..self.parts as usize {
             let mut added = self.added_parts[part].take();
             let removed = self.removed_parts[part].take();
-            self.matcher = Matcher::with_capacity(0);
+            // sized up front: growing a part's table would rehash it several times
+            self.matcher = Matcher::with_capacity(self.rows_per_part);
             if let Some(a) = &mut added {
                 for b in a.read(Some(vec![n, n + 1]))? {
                     self.matcher.add(&fps_of(&b?, 0));
