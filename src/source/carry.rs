@@ -12,27 +12,33 @@
 //! - one part (the added rows' [`Matcher`] fits half the share): added fingerprints go into the matcher; added rows
 //!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
 //!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
-//! - several parts: rows of both sides are written once to per-part spill files by fingerprint (`fp % parts`, so
-//!   equal rows meet in one part); `finish` then handles part by part: the part's added fingerprints into a fresh
-//!   matcher (read back as a projection), its removed rows streamed (cancelling), its added rows streamed.
+//! - several parts: rows of each side are appended once, whole batches in arrival order, to one spill file per side
+//!   (no copy per part); only their fingerprints, with the row's number on its side, are partitioned (`fp % parts`,
+//!   so equal rows meet in one part) into small per-part files. `finish` matches part by part on fingerprints alone
+//!   — the part's added fingerprints into a fresh matcher, its removed fingerprints cancelling — and marks the
+//!   cancelled rows of both sides in two bitmaps (a bit per row); then it streams each side's rows back once and
+//!   emits those not marked.
 //!
-//! [`Matcher::bytes_for`] says what the matcher of a part holds; per-part spill files carry the fingerprint as two
-//! extra `UInt64` columns.
+//! [`Matcher::bytes_for`] says what the matcher of a part holds; a part also maps its matcher's rows back to their
+//! numbers (4 bytes a row).
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
+use std::io::{BufReader, BufWriter, Read, Write};
+
+use arrow_array::{BooleanArray, RecordBatch};
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 
 use crate::error::{Error, Result};
 use crate::source::matcher::Matcher;
 use crate::source::net::Side;
 
-const FP_HI: &str = "__cdc_fp_hi";
-const FP_LO: &str = "__cdc_fp_lo";
+/// Bytes of one entry of a part's fingerprint file: the fingerprint and the row's number on its side.
+const ENTRY_BYTES: usize = 20;
+/// Entries read from a part's fingerprint file at once.
+const ENTRIES_PER_READ: usize = 8192;
 
 /// What a carry-over pass did, for the scan's statistics.
 #[derive(Debug, Default, Clone, Copy)]
@@ -60,7 +66,6 @@ pub(crate) type Emit<'a> = dyn FnMut(Side, RecordBatch) -> Result<()> + 'a;
 /// Carry-over cancellation for one group of files; see the module header for the protocol.
 pub(crate) struct CarryOver {
     schema: SchemaRef,
-    spill_schema: SchemaRef,
     spill_dir: PathBuf,
     parts: u64,
     /// Added rows a part is sized for (all of them with one part).
@@ -71,27 +76,36 @@ pub(crate) struct CarryOver {
     kept_bytes: u64,
     keep_limit: u64,
     added_overflow: Option<Spill>,
-    /// Several parts: per-part spill files of each side.
-    added_parts: Vec<Option<Spill>>,
-    removed_parts: Vec<Option<Spill>>,
+    /// Several parts: each side's rows in arrival order, and per part the fingerprints of each side.
+    sides: [SideSpill; 2],
     stats: CarryStats,
+}
+
+/// Several parts: one side's rows and its partitioned fingerprints.
+#[derive(Default)]
+struct SideSpill {
+    rows: Option<Spill>,
+    count: u64,
+    parts: Vec<Option<FpFile>>,
 }
 
 impl CarryOver {
     /// `added_upper`: an upper bound on the added rows (manifest record counts); `share`: the bytes this group may hold.
     pub(crate) fn new(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path) -> Self {
         let half = (share / 2).max(1);
-        // as many parts as it takes for each part's matcher to fit half the share
-        let mut parts = (added_upper * 30 / half).max(1); // a matcher holds more than 30 bytes a row
-        while Matcher::bytes_for(added_upper.div_ceil(parts)) > half && parts < added_upper.max(1) {
-            parts += 1;
+        let fits = |parts: u64| Matcher::bytes_for(added_upper.div_ceil(parts)) <= half;
+        let mut parts = 1;
+        if !fits(1) {
+            // a part's matcher also maps its rows back to their numbers (4 bytes a row)
+            let part_bytes = |parts: u64| Matcher::bytes_for(added_upper.div_ceil(parts)) + added_upper.div_ceil(parts) * 4;
+            parts = (added_upper * 34 / half).max(2); // a part holds more than 34 bytes a row
+            while part_bytes(parts) > half && parts < added_upper.max(1) {
+                parts += 1;
+            }
         }
-        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-        fields.push(Field::new(FP_HI, DataType::UInt64, false));
-        fields.push(Field::new(FP_LO, DataType::UInt64, false));
         let rows_per_part = added_upper.div_ceil(parts) as usize;
+        let side = || SideSpill { rows: None, count: 0, parts: (0..parts).map(|_| None).collect() };
         CarryOver {
-            spill_schema: Arc::new(Schema::new(fields)),
             schema,
             spill_dir: spill_dir.to_path_buf(),
             parts,
@@ -103,8 +117,7 @@ impl CarryOver {
             // the rows kept get what the matcher leaves of the share
             keep_limit: if parts == 1 { share.saturating_sub(Matcher::bytes_for(added_upper)) } else { 0 },
             added_overflow: None,
-            added_parts: (0..parts).map(|_| None).collect(),
-            removed_parts: (0..parts).map(|_| None).collect(),
+            sides: [side(), side()],
             stats: CarryStats { parts, ..Default::default() },
         }
     }
@@ -144,27 +157,48 @@ impl CarryOver {
                 emit_masked(emit, Side::Added, &batch, keep)?;
             }
             if let Some(spill) = self.added_overflow.take() {
-                self.drain(spill, Side::Added, emit)?;
+                self.drain(spill, emit)?;
             }
             return Ok(self.stats);
         }
-        let n = self.schema.fields().len();
-        for part in 0..self.parts as usize {
-            let mut added = self.added_parts[part].take();
-            let removed = self.removed_parts[part].take();
+        // match part by part on fingerprints alone, marking the cancelled rows of both sides
+        let [removed, added] = std::mem::take(&mut self.sides);
+        let mut dead = [Bitmap::new(removed.count), Bitmap::new(added.count)];
+        let mut numbers: Vec<u32> = Vec::with_capacity(self.rows_per_part);
+        for (a, r) in added.parts.into_iter().zip(removed.parts) {
+            self.stats.spilled_bytes += a.as_ref().map_or(0, |f| f.bytes) + r.as_ref().map_or(0, |f| f.bytes);
             // sized up front: growing a part's table would rehash it several times
             self.matcher = Matcher::with_capacity(self.rows_per_part);
-            if let Some(a) = &mut added {
-                for b in a.read(Some(vec![n, n + 1]))? {
-                    self.matcher.add(&fps_of(&b?, 0));
-                }
+            numbers.clear();
+            if let Some(mut a) = a {
+                a.for_each(|fps, rows| {
+                    self.matcher.add(fps);
+                    numbers.extend_from_slice(rows);
+                })?;
             }
-            if let Some(r) = removed {
-                self.drain(r, Side::Removed, emit)?;
+            if let Some(mut r) = r {
+                let (matcher, stats, dead_removed) = (&mut self.matcher, &mut self.stats, &mut dead[0]);
+                r.for_each(|fps, rows| {
+                    let (keep, cancelled) = matcher.cancel(fps);
+                    stats.cancelled += cancelled;
+                    rows.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead_removed.set(*row));
+                })?;
             }
-            if let Some(a) = added {
-                self.drain(a, Side::Added, emit)?;
+            let keep = self.matcher.survivors(numbers.len());
+            numbers.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead[1].set(*row));
+        }
+        self.matcher = Matcher::with_capacity(0);
+        // then each side's rows once, in the order they were spilled
+        for (side, spill, dead) in [(Side::Removed, removed.rows, &dead[0]), (Side::Added, added.rows, &dead[1])] {
+            let Some(mut spill) = spill else { continue };
+            let mut at = 0usize;
+            for b in spill.read(None)? {
+                let b = b?;
+                let keep = (at..at + b.num_rows()).map(|r| !dead.get(r)).collect();
+                at += b.num_rows();
+                emit_masked(emit, side, &b, keep)?;
             }
+            self.stats.spilled_bytes += spill.bytes()?;
         }
         Ok(self.stats)
     }
@@ -176,53 +210,39 @@ impl CarryOver {
         emit_masked(emit, Side::Removed, batch, keep)
     }
 
-    /// Streams a spill file of `side` back, emitting its survivors. Added rows come back in the order they were
-    /// added (the matcher knows them by that order); removed rows carry their fingerprints.
-    fn drain(&mut self, mut spill: Spill, side: Side, emit: &mut Emit<'_>) -> Result<()> {
-        let n = self.schema.fields().len();
-        let data_only = (side == Side::Added).then(|| (0..n).collect());
-        for b in spill.read(data_only)? {
+    /// Streams the added rows that overflowed to disk back (in the order they were added, which is how the matcher
+    /// knows them), emitting the survivors.
+    fn drain(&mut self, mut spill: Spill, emit: &mut Emit<'_>) -> Result<()> {
+        for b in spill.read(None)? {
             let b = b?;
-            match side {
-                Side::Added => {
-                    let keep = self.matcher.survivors(b.num_rows());
-                    let data = RecordBatch::try_new(self.schema.clone(), b.columns()[..n].to_vec())?;
-                    emit_masked(emit, side, &data, keep)?;
-                }
-                Side::Removed => {
-                    let (batch, fps) = split_fps(&self.schema, b);
-                    self.cancel(&batch, &fps, emit)?;
-                }
-            }
+            let keep = self.matcher.survivors(b.num_rows());
+            emit_masked(emit, Side::Added, &b, keep)?;
         }
         self.stats.spilled_bytes += spill.bytes()?;
         Ok(())
     }
 
-    /// Appends the rows of `batch` to their parts' spill files of `side`.
+    /// Several parts: appends `batch` to its side's row spill and its fingerprints, numbered, to their parts' files.
     fn split(&mut self, side: Side, batch: &RecordBatch, fps: &[u128]) -> Result<()> {
         let parts = self.parts;
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); parts as usize];
+        let dir = self.spill_dir.clone();
+        let s = &mut self.sides[side as usize];
+        let rows = match &mut s.rows {
+            Some(r) => r,
+            None => s.rows.insert(Spill::create(&dir, &self.schema)?),
+        };
+        rows.write(batch)?;
+        let first = s.count;
+        s.count += batch.num_rows() as u64;
+        u32::try_from(s.count).map_err(|_| Error::Internal("a carry-over group holds fewer than 2^32 rows a side".into()))?;
         for (i, fp) in fps.iter().enumerate() {
             // the matcher indexes by the low half: partition by the high half so each part's table still spreads
-            rows[((*fp >> 64) as u64 % parts) as usize].push(i as u32);
-        }
-        let full = with_fps(&self.spill_schema, batch, fps)?;
-        for (part, idx) in rows.into_iter().enumerate() {
-            if idx.is_empty() {
-                continue;
-            }
-            let slot = match side {
-                Side::Added => &mut self.added_parts[part],
-                Side::Removed => &mut self.removed_parts[part],
+            let part = ((*fp >> 64) as u64 % parts) as usize;
+            let file = match &mut s.parts[part] {
+                Some(f) => f,
+                None => s.parts[part].insert(FpFile::create(&dir)?),
             };
-            let spill = match slot {
-                Some(s) => s,
-                None => slot.insert(Spill::create(&self.spill_dir, &self.spill_schema)?),
-            };
-            let taken =
-                if idx.len() == full.num_rows() { full.clone() } else { arrow_select::take::take_record_batch(&full, &UInt32Array::from(idx))? };
-            spill.write(&taken)?;
+            file.push(*fp, (first + i as u64) as u32)?;
         }
         Ok(())
     }
@@ -236,27 +256,68 @@ fn emit_masked(emit: &mut Emit<'_>, side: Side, batch: &RecordBatch, keep: Vec<b
     emit(side, b)
 }
 
-/// `batch` with its fingerprints appended as two `UInt64` columns.
-fn with_fps(spill_schema: &SchemaRef, batch: &RecordBatch, fps: &[u128]) -> Result<RecordBatch> {
-    let mut cols = batch.columns().to_vec();
-    cols.push(Arc::new(UInt64Array::from_iter_values(fps.iter().map(|f| (*f >> 64) as u64))));
-    cols.push(Arc::new(UInt64Array::from_iter_values(fps.iter().map(|f| *f as u64))));
-    Ok(RecordBatch::try_new(spill_schema.clone(), cols)?)
+/// A bit per row of one side: the rows a removed/added match cancelled.
+struct Bitmap(Vec<u64>);
+
+impl Bitmap {
+    fn new(rows: u64) -> Self {
+        Bitmap(vec![0; rows.div_ceil(64) as usize])
+    }
+    fn set(&mut self, row: u32) {
+        self.0[row as usize / 64] |= 1 << (row % 64);
+    }
+    fn get(&self, row: usize) -> bool {
+        self.0[row / 64] & (1 << (row % 64)) != 0
+    }
 }
 
-/// The fingerprints stored in columns `at` and `at + 1` of a spilled batch.
-fn fps_of(b: &RecordBatch, at: usize) -> Vec<u128> {
-    let hi = b.column(at).as_any().downcast_ref::<UInt64Array>().expect("fingerprint column");
-    let lo = b.column(at + 1).as_any().downcast_ref::<UInt64Array>().expect("fingerprint column");
-    hi.values().iter().zip(lo.values()).map(|(h, l)| ((*h as u128) << 64) | *l as u128).collect()
+/// A part's fingerprints of one side with their rows' numbers, as fixed-size little-endian entries in a local file
+/// (deleted when dropped).
+struct FpFile {
+    tmp: tempfile::NamedTempFile,
+    writer: Option<BufWriter<File>>,
+    bytes: u64,
 }
 
-/// A spilled batch back as (data columns, fingerprints).
-fn split_fps(schema: &SchemaRef, b: RecordBatch) -> (RecordBatch, Vec<u128>) {
-    let n = schema.fields().len();
-    let fps = fps_of(&b, n);
-    let data = RecordBatch::try_new(schema.clone(), b.columns()[..n].to_vec()).expect("spill schema starts with the data schema");
-    (data, fps)
+impl FpFile {
+    fn create(dir: &Path) -> Result<Self> {
+        let tmp = tempfile::Builder::new().prefix("cdc-carry-fp-").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
+        let writer = BufWriter::with_capacity(64 << 10, tmp.reopen().map_err(|e| spill_error(dir, e))?);
+        Ok(FpFile { tmp, writer: Some(writer), bytes: 0 })
+    }
+    fn push(&mut self, fp: u128, row: u32) -> Result<()> {
+        let w = self.writer.as_mut().expect("fingerprints written before they are read");
+        let mut entry = [0u8; ENTRY_BYTES];
+        entry[..16].copy_from_slice(&fp.to_le_bytes());
+        entry[16..].copy_from_slice(&row.to_le_bytes());
+        w.write_all(&entry).map_err(|e| spill_error(self.tmp.path(), e))?;
+        self.bytes += ENTRY_BYTES as u64;
+        Ok(())
+    }
+    /// Finishes writing and hands the entries back in order, in chunks: (fingerprints, row numbers).
+    fn for_each(&mut self, mut f: impl FnMut(&[u128], &[u32])) -> Result<()> {
+        let err = |e| spill_error(self.tmp.path(), e);
+        if let Some(w) = self.writer.take() {
+            w.into_inner().map_err(|e| err(e.into_error()))?;
+        }
+        let mut r = BufReader::with_capacity(ENTRY_BYTES * ENTRIES_PER_READ, File::open(self.tmp.path()).map_err(err)?);
+        let mut buf = vec![0u8; ENTRY_BYTES * ENTRIES_PER_READ];
+        let (mut fps, mut rows) = (Vec::with_capacity(ENTRIES_PER_READ), Vec::with_capacity(ENTRIES_PER_READ));
+        let mut left = self.bytes as usize;
+        while left > 0 {
+            let n = left.min(buf.len());
+            r.read_exact(&mut buf[..n]).map_err(err)?;
+            left -= n;
+            fps.clear();
+            rows.clear();
+            for e in buf[..n].chunks_exact(ENTRY_BYTES) {
+                fps.push(u128::from_le_bytes(e[..16].try_into().expect("16 bytes")));
+                rows.push(u32::from_le_bytes(e[16..].try_into().expect("4 bytes")));
+            }
+            f(&fps, &rows);
+        }
+        Ok(())
+    }
 }
 
 /// A local Arrow IPC file written once and read back (deleted when dropped).
@@ -297,6 +358,8 @@ mod tests {
     use super::*;
     use crate::source::fingerprint::Fingerprinter;
     use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use std::sync::Arc;
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)]))

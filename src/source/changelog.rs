@@ -268,9 +268,10 @@ impl<'a> ChangelogScan<'a> {
         let out_data_schema = data_part(&self.out_schema);
         let mut counts = [0u64; 4];
         // the merge of the sorted runs runs on a thread of its own, so that it overlaps with the sink's writing
-        let mut merge = netter.finish()?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
         let merging = tokio::task::spawn_blocking(move || {
+            // finishing may merge spilled runs in passes first: that is blocking work too
+            let mut merge = netter.finish()?;
             while let Some(b) = merge.next_batch()? {
                 if tx.blocking_send(b).is_err() {
                     break; // the sink failed: its error is reported below

@@ -38,7 +38,15 @@ pub struct NetStats {
     pub spilled_runs: u64,
     pub spilled_bytes: u64,
     pub peak_buffered_bytes: u64,
+    /// Rows and bytes that went through the buffer (to size the merge's fan-in).
+    pub buffered_rows: u64,
+    pub buffered_bytes: u64,
+    /// Merge passes that combined runs before the final merge.
+    pub merge_passes: u64,
 }
+
+/// Rows per batch of a spilled run: small, so that a merge can read many runs at once within the budget.
+const RUN_BATCH: usize = 2048;
 
 pub struct Netter {
     data_schema: SchemaRef,
@@ -96,7 +104,10 @@ impl Netter {
         let mut cols = batch.columns().to_vec();
         cols.push(Arc::new(Int8Array::from(vec![side as i8; batch.num_rows()])));
         let b = RecordBatch::try_new(self.sided_schema.clone(), cols)?;
-        self.buffered += b.get_array_memory_size() as u64;
+        let bytes = b.get_array_memory_size() as u64;
+        self.buffered += bytes;
+        self.stats.buffered_rows += b.num_rows() as u64;
+        self.stats.buffered_bytes += bytes;
         self.stats.peak_buffered_bytes = self.stats.peak_buffered_bytes.max(self.buffered);
         self.buffer.push(b);
         // Sorting needs about as much again (the row encodings): spill at half the budget.
@@ -109,7 +120,7 @@ impl Netter {
     /// Sorts the buffer and hands it to `out` in batches of [`BATCH_SIZE`]. The buffered batches are encoded and
     /// sorted in place (no concatenated copy): at the peak this holds the buffer, its row encodings and one output
     /// batch.
-    fn sort_buffer(&mut self, out: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
+    fn sort_buffer(&mut self, rows_per_batch: usize, out: &mut dyn FnMut(RecordBatch) -> Result<()>) -> Result<()> {
         let batches = std::mem::take(&mut self.buffer);
         self.buffered = 0;
         let encs: Vec<Encoded> = batches.into_iter().map(|b| Encoded::new(self, b)).collect::<Result<_>>()?;
@@ -117,8 +128,8 @@ impl Netter {
             encs.iter().enumerate().flat_map(|(i, e)| (0..e.batch.num_rows() as u32).map(move |r| (i as u32, r))).collect();
         idx.sort_unstable_by(|a, b| encs[a.0 as usize].cmp_rows(a.1 as usize, &encs[b.0 as usize], b.1 as usize));
         let refs: Vec<&RecordBatch> = encs.iter().map(|e| &e.batch).collect();
-        let mut pairs = Vec::with_capacity(BATCH_SIZE);
-        for chunk in idx.chunks(BATCH_SIZE) {
+        let mut pairs = Vec::with_capacity(rows_per_batch);
+        for chunk in idx.chunks(rows_per_batch) {
             pairs.clear();
             pairs.extend(chunk.iter().map(|(b, r)| (*b as usize, *r as usize)));
             out(arrow_select::interleave::interleave_record_batch(&refs, &pairs)?)?;
@@ -128,10 +139,8 @@ impl Netter {
 
     /// Sorts the buffer into a run spilled to a local Arrow IPC file.
     fn spill_buffer(&mut self) -> Result<()> {
-        let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
-        let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
-        let mut w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema)?;
-        self.sort_buffer(&mut |b| Ok(w.write(&b)?))?;
+        let (tmp, mut w) = self.spill_file()?;
+        self.sort_buffer(RUN_BATCH, &mut |b| Ok(w.write(&b)?))?;
         w.finish()?;
         self.stats.spilled_runs += 1;
         self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
@@ -139,31 +148,87 @@ impl Netter {
         Ok(())
     }
 
+    fn spill_file(&self) -> Result<(tempfile::NamedTempFile, FileWriter<File>)> {
+        let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
+        let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
+        let w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema)?;
+        Ok((tmp, w))
+    }
+
     /// Sorts what is still buffered and starts merging all runs; the merge yields the net change rows.
+    ///
+    /// Every run being merged holds a batch or two with their row encodings, so the runs merged at once are bounded
+    /// by the budget: beyond that the oldest runs are first merged into longer ones (an external merge sort's passes).
     pub fn finish(mut self) -> Result<Merge> {
-        let mut last = Vec::new();
-        self.sort_buffer(&mut |b| {
-            last.push(b);
-            Ok(())
-        })?;
-        if !last.is_empty() {
-            self.runs.push(Run::Memory(last));
-        }
-        let runs = std::mem::take(&mut self.runs);
-        let mut cursors = Vec::new();
-        for run in runs {
-            let mut c = Cursor::new(run)?;
-            if c.load(&self)? {
-                cursors.push(c);
+        let fan_in = self.fan_in();
+        if !self.runs.is_empty() && self.runs.len() + 1 > fan_in {
+            // the last buffer would stay in memory through the passes: spill it like the others
+            self.spill_buffer()?;
+        } else {
+            let mut last = Vec::new();
+            self.sort_buffer(BATCH_SIZE, &mut |b| {
+                last.push(b);
+                Ok(())
+            })?;
+            if !last.is_empty() {
+                self.runs.push(Run::Memory(last));
             }
         }
+        while self.runs.len() > fan_in {
+            let oldest: Vec<Run> = self.runs.drain(..fan_in).collect();
+            let merged = self.merge_pass(oldest)?;
+            self.runs.push(merged);
+        }
+        let runs = std::mem::take(&mut self.runs);
+        let cursors = self.cursors(runs)?;
         let out_schema = {
             let mut f: Vec<Field> = self.data_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
             f.push(Field::new(crate::change::CHANGE_TYPE, crate::change::CHANGE_TYPE_CODE, false));
             Arc::new(Schema::new(f))
         };
-        let out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len() };
-        Ok(Merge { netter: self, cursors, out, group: Vec::new(), done: false })
+        let out = Output { picks: Vec::new(), types: Vec::new(), schema: out_schema, ncols: self.data_schema.fields().len(), keep_side: false };
+        Ok(Merge::new(self, cursors, out))
+    }
+
+    /// How many runs one merge reads at once: each holds up to two batches of [`RUN_BATCH`] rows plus their row
+    /// encodings (about as large again), and the merge may use half the budget (the rest is the output and slack).
+    fn fan_in(&self) -> usize {
+        let row_bytes = if self.stats.buffered_rows == 0 { 64 } else { (self.stats.buffered_bytes / self.stats.buffered_rows).max(16) };
+        let per_run = row_bytes * RUN_BATCH as u64 * 2 * 2;
+        ((self.budget / 2) / per_run).clamp(2, 1024) as usize
+    }
+
+    fn cursors(&self, runs: Vec<Run>) -> Result<Vec<Cursor>> {
+        let mut cursors = Vec::with_capacity(runs.len());
+        for run in runs {
+            let mut c = Cursor::new(run)?;
+            if c.load(self)? {
+                cursors.push(c);
+            }
+        }
+        Ok(cursors)
+    }
+
+    /// Merges sorted runs into one longer run spilled to disk (rows and sides unchanged, nothing netted yet).
+    fn merge_pass(&mut self, runs: Vec<Run>) -> Result<Run> {
+        let cursors = self.cursors(runs)?;
+        let out = Output {
+            picks: Vec::new(),
+            types: Vec::new(),
+            schema: self.sided_schema.clone(),
+            ncols: self.data_schema.fields().len(),
+            keep_side: true,
+        };
+        let mut pass = PassMerge { cursors, out, tree: Vec::new() };
+        let (tmp, mut w) = self.spill_file()?;
+        pass.tree = loser_tree(&pass.cursors);
+        while let Some(b) = pass.next_batch(self)? {
+            w.write(&b)?;
+        }
+        w.finish()?;
+        self.stats.merge_passes += 1;
+        self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(Run::Spilled(tmp))
     }
 }
 
@@ -171,12 +236,19 @@ impl Netter {
 pub struct Merge {
     netter: Netter,
     cursors: Vec<Cursor>,
+    /// Loser tree over the cursors: `tree[0]` is the cursor with the smallest head.
+    tree: Vec<usize>,
     out: Output,
     group: Vec<(usize, usize)>, // (cursor, row) of the current key
     done: bool,
 }
 
 impl Merge {
+    fn new(netter: Netter, cursors: Vec<Cursor>, out: Output) -> Self {
+        let tree = loser_tree(&cursors);
+        Merge { netter, cursors, tree, out, group: Vec::new(), done: false }
+    }
+
     pub fn stats(&self) -> NetStats {
         self.netter.stats
     }
@@ -188,25 +260,10 @@ impl Merge {
         let cursors = &mut self.cursors;
         let (out, group) = (&mut self.out, &mut self.group);
         loop {
-            // smallest head among cursors
-            let mut best: Option<usize> = None;
-            for (i, c) in cursors.iter().enumerate() {
-                if c.done() {
-                    continue;
-                }
-                best = match best {
-                    None => Some(i),
-                    Some(b) => {
-                        let (cb, cc) = (&cursors[b], c);
-                        if cc.enc().cmp_rows(cc.pos, cb.enc(), cb.pos).is_lt() {
-                            Some(i)
-                        } else {
-                            Some(b)
-                        }
-                    }
-                };
+            let Some(&b) = self.tree.first() else { break };
+            if cursors[b].done() {
+                break;
             }
-            let Some(b) = best else { break };
             let starts_new_key = match group.first() {
                 None => false,
                 Some(&(gc, gr)) => cursors[gc].arena_enc(gr).key.row(cursors[gc].arena_row(gr)) != cursors[b].enc().key.row(cursors[b].pos),
@@ -227,10 +284,8 @@ impl Merge {
             }
             let c = &mut cursors[b];
             group.push((b, c.global_row()));
-            c.pos += 1;
-            if c.pos >= c.enc().batch.num_rows() {
-                c.load(&self.netter)?;
-            }
+            c.advance(&self.netter)?;
+            replay(&mut self.tree, cursors);
             if ready.is_some() {
                 return Ok(ready);
             }
@@ -244,6 +299,86 @@ impl Merge {
             Ok(Some(out.flush(cursors)?))
         }
     }
+}
+
+/// One pass of the external merge: sorted runs in, one sorted run out, rows untouched.
+struct PassMerge {
+    cursors: Vec<Cursor>,
+    out: Output,
+    tree: Vec<usize>,
+}
+
+impl PassMerge {
+    fn next_batch(&mut self, n: &Netter) -> Result<Option<RecordBatch>> {
+        loop {
+            let Some(&b) = self.tree.first() else { break };
+            if self.cursors[b].done() {
+                break;
+            }
+            let c = &mut self.cursors[b];
+            self.out.picks.push((b, c.global_row()));
+            c.advance(n)?;
+            replay(&mut self.tree, &self.cursors);
+            if self.out.picks.len() >= RUN_BATCH {
+                let batch = self.out.flush(&self.cursors)?;
+                for c in self.cursors.iter_mut() {
+                    c.compact();
+                }
+                return Ok(Some(batch));
+            }
+        }
+        if self.out.picks.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(self.out.flush(&self.cursors)?))
+        }
+    }
+}
+
+/// Whether cursor `a`'s head sorts before cursor `b`'s; finished cursors sort last.
+fn before(cursors: &[Cursor], a: usize, b: usize) -> bool {
+    let (ca, cb) = (&cursors[a], &cursors[b]);
+    match (ca.done(), cb.done()) {
+        (true, _) => false,
+        (false, true) => true,
+        (false, false) => ca.enc().cmp_rows(ca.pos, cb.enc(), cb.pos).is_lt(),
+    }
+}
+
+/// Builds a loser tree over `cursors`: `tree[0]` is the winner (smallest head), `tree[1..k]` the losers of the
+/// inner matches, leaf `i` sitting at position `k + i`. Choosing the next row then costs log2(k) comparisons.
+fn loser_tree(cursors: &[Cursor]) -> Vec<usize> {
+    let k = cursors.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut winner = vec![0usize; 2 * k];
+    let mut tree = vec![0usize; k];
+    for i in 0..k {
+        winner[k + i] = i;
+    }
+    for node in (1..k).rev() {
+        let (a, b) = (winner[2 * node], winner[2 * node + 1]);
+        let (w, l) = if before(cursors, b, a) { (b, a) } else { (a, b) };
+        winner[node] = w;
+        tree[node] = l;
+    }
+    tree[0] = if k == 1 { 0 } else { winner[1] };
+    tree
+}
+
+/// After the winner's cursor moved on: replays its matches from its leaf to the root.
+fn replay(tree: &mut [usize], cursors: &[Cursor]) {
+    let k = tree.len();
+    let mut w = tree[0];
+    let mut node = (w + k) / 2;
+    while node >= 1 {
+        if before(cursors, tree[node], w) {
+            std::mem::swap(&mut tree[node], &mut w);
+        }
+        node /= 2;
+    }
+    tree[0] = w;
 }
 
 /// A batch with its row encodings.
@@ -313,6 +448,14 @@ impl Cursor {
     fn done(&self) -> bool {
         self.exhausted || self.arena.is_empty()
     }
+    /// Moves past the head row, loading the next batch at the end of one.
+    fn advance(&mut self, n: &Netter) -> Result<()> {
+        self.pos += 1;
+        if self.pos >= self.enc().batch.num_rows() {
+            self.load(n)?;
+        }
+        Ok(())
+    }
     fn enc(&self) -> &Encoded {
         self.arena.last().unwrap()
     }
@@ -355,6 +498,8 @@ struct Output {
     types: Vec<ChangeType>,
     schema: SchemaRef,
     ncols: usize,
+    /// Whether the batches keep the side column (a merge pass) instead of getting `_change_type` (the final merge).
+    keep_side: bool,
 }
 
 impl Output {
@@ -375,11 +520,13 @@ impl Output {
             })
             .collect();
         let mut cols = Vec::with_capacity(self.ncols + 1);
-        for col in 0..self.ncols {
+        for col in 0..self.ncols + usize::from(self.keep_side) {
             let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(col).as_ref()).collect();
             cols.push(arrow_select::interleave::interleave(&arrays, &idx)?);
         }
-        cols.push(Arc::new(arrow_array::Int8Array::from_iter_values(self.types.iter().map(|t| t.code()))) as ArrayRef);
+        if !self.keep_side {
+            cols.push(Arc::new(arrow_array::Int8Array::from_iter_values(self.types.iter().map(|t| t.code()))) as ArrayRef);
+        }
         self.picks.clear();
         self.types.clear();
         Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
@@ -506,5 +653,40 @@ mod tests {
         assert_eq!(big.iter().filter(|r| r.2 == "INSERT").count(), 100);
         assert_eq!(big.iter().filter(|r| r.2 == "UPDATE_AFTER").count(), (0..5000).filter(|i| i % 7 == 0 && i % 10 != 3).count());
         assert!(big.windows(2).all(|w| w[0].0 <= w[1].0), "ordered by key");
+        // a budget so small that only two runs are merged at once: the runs are combined in passes first
+        let (tiny, s3) = run(vec![0], 16 * 1024, &r, &a);
+        assert!(s3.merge_passes > 3, "{s3:?}");
+        assert_eq!(big, tiny);
+    }
+
+    #[test]
+    fn loser_tree_picks_heads_in_order() {
+        // one cursor per run of sorted keys; the tree must yield the global order whatever the number of runs
+        let dir = tempfile::tempdir().unwrap();
+        for k in 1..=9usize {
+            let n = Netter::new(schema(), vec![0], 1 << 30, dir.path()).unwrap();
+            let runs: Vec<Run> = (0..k)
+                .map(|r| {
+                    let rows: Vec<(i64, String)> = (0..20).map(|i| ((i * 7 + r as i64 * 3) % 50, format!("r{r}"))).collect();
+                    let mut rows = rows;
+                    rows.sort();
+                    let b = batch(&rows.iter().map(|(i, s)| (*i, s.as_str())).collect::<Vec<_>>());
+                    let mut cols = b.columns().to_vec();
+                    cols.push(Arc::new(Int8Array::from(vec![0i8; b.num_rows()])));
+                    Run::Memory(vec![RecordBatch::try_new(n.sided_schema.clone(), cols).unwrap()])
+                })
+                .collect();
+            let mut cursors = n.cursors(runs).unwrap();
+            let mut tree = loser_tree(&cursors);
+            let mut seen = Vec::new();
+            while !cursors[tree[0]].done() {
+                let c = &cursors[tree[0]];
+                seen.push(c.enc().batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(c.pos));
+                cursors[tree[0]].advance(&n).unwrap();
+                replay(&mut tree, &cursors);
+            }
+            assert_eq!(seen.len(), 20 * k);
+            assert!(seen.windows(2).all(|w| w[0] <= w[1]), "k={k}: {seen:?}");
+        }
     }
 }
