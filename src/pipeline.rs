@@ -101,6 +101,8 @@ pub struct SyncSummary {
     pub updates: u64,
     pub files_written: usize,
     pub bytes_written: u64,
+    /// Target files closed before they were full: more partitions were open at once than the memory budget holds.
+    pub files_closed_early: u64,
     /// Source data files read (a file read twice counts twice) and their bytes.
     pub source_files_read: u64,
     pub source_bytes_read: u64,
@@ -470,6 +472,7 @@ fn record(
     summary.deletes += stats.deletes;
     summary.updates += stats.updates;
     summary.files_written += stats.files;
+    summary.files_closed_early += stats.files_closed_early;
     summary.bytes_written += stats.bytes;
     summary.target_snapshot_ids.extend(id);
     on_commit(&CommitReport {

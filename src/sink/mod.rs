@@ -65,6 +65,8 @@ pub struct CommitStats {
     pub position_deletes: u64,
     pub files: usize,
     pub bytes: u64,
+    /// Files closed before they were full because more partitions were open at once than the memory budget holds.
+    pub files_closed_early: u64,
     /// From reading the commit's changes to the commit landing.
     pub seconds: f64,
 }

@@ -193,7 +193,7 @@ impl Netter {
     /// How many runs one merge reads at once: each holds up to two batches of [`RUN_BATCH`] rows plus their row
     /// encodings (about as large again), and the merge may use half the budget (the rest is the output and slack).
     fn fan_in(&self) -> usize {
-        let row_bytes = if self.stats.buffered_rows == 0 { 64 } else { (self.stats.buffered_bytes / self.stats.buffered_rows).max(16) };
+        let row_bytes = self.stats.buffered_bytes.checked_div(self.stats.buffered_rows).unwrap_or(64).max(16);
         let per_run = row_bytes * RUN_BATCH as u64 * 2 * 2;
         ((self.budget / 2) / per_run).clamp(2, 1024) as usize
     }
@@ -259,11 +259,8 @@ impl Merge {
         }
         let cursors = &mut self.cursors;
         let (out, group) = (&mut self.out, &mut self.group);
-        loop {
-            let Some(&b) = self.tree.first() else { break };
-            if cursors[b].done() {
-                break;
-            }
+        // the winner is finished only when every cursor is
+        while let Some(&b) = self.tree.first().filter(|&&b| !cursors[b].done()) {
             let starts_new_key = match group.first() {
                 None => false,
                 Some(&(gc, gr)) => cursors[gc].arena_enc(gr).key.row(cursors[gc].arena_row(gr)) != cursors[b].enc().key.row(cursors[b].pos),
@@ -310,11 +307,7 @@ struct PassMerge {
 
 impl PassMerge {
     fn next_batch(&mut self, n: &Netter) -> Result<Option<RecordBatch>> {
-        loop {
-            let Some(&b) = self.tree.first() else { break };
-            if self.cursors[b].done() {
-                break;
-            }
+        while let Some(&b) = self.tree.first().filter(|&&b| !self.cursors[b].done()) {
             let c = &mut self.cursors[b];
             self.out.picks.push((b, c.global_row()));
             c.advance(n)?;

@@ -21,7 +21,7 @@ use crate::change::{self, ChangeType};
 use crate::error::{Error, Result};
 use crate::sink::iceberg::deletes::{self, Partition};
 use crate::sink::iceberg::evolve::FieldMap;
-use crate::sink::iceberg::files::{remove_unreferenced, Content, PartitionedWriter};
+use crate::sink::iceberg::files::{remove_unreferenced, Content, PartitionedWriter, WriteLimits};
 
 pub use crate::sink::CommitStats;
 
@@ -93,8 +93,8 @@ impl CommitWriter {
         let keys = RowConverter::new(key_idx.iter().map(|&i| SortField::new(arrow.field(i).data_type().clone())).collect())?;
         let size = spec.target_file_size as usize;
         // data files get most of the write budget: delete files hold only the key columns
-        let rg = crate::sink::iceberg::files::row_group_bytes(spec.write_budget * 3 / 4);
-        let rg_deletes = crate::sink::iceberg::files::row_group_bytes(spec.write_budget / 4);
+        let rg = WriteLimits::within(spec.write_budget * 3 / 4, arrow.fields().len());
+        let rg_deletes = WriteLimits::within(spec.write_budget / 4, key_idx.len());
         Ok(CommitWriter {
             table: table.clone(),
             data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg, &spec.equality_ids)?,
@@ -257,15 +257,24 @@ impl CommitWriter {
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
         let default_spec = self.table.metadata().default_partition_spec_id();
         let CommitWriter { data, eq, mut stats, .. } = self;
+        stats.files_closed_early = data.evicted();
         let data = data.finish().await?;
         let mut deletes: Vec<(i32, DataFile)> = match eq.and_then(|e| e.writer) {
             Some(eq) => {
+                stats.files_closed_early += eq.evicted();
                 let spec = eq.spec_id();
                 eq.finish().await?.into_iter().map(|f| (spec, f)).collect()
             }
             None => Vec::new(),
         };
         deletes.extend(positional.into_iter().map(|f| (default_spec, f)));
+        if stats.files_closed_early > 0 {
+            tracing::info!(
+                files_closed_early = stats.files_closed_early,
+                "the commit touched more partitions at once than engine.memory_budget keeps files open for; files were \
+                 closed early (more, smaller files). A larger engine.memory_budget writes fewer, larger files"
+            );
+        }
         stats.files = data.len() + deletes.len();
         stats.bytes = data.iter().chain(deletes.iter().map(|(_, f)| f)).map(|f| f.file_size_in_bytes()).sum();
         Ok(CommitFiles { data, deletes, stats })
