@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read, Write};
 
 use arrow_array::{BooleanArray, RecordBatch};
 use arrow_ipc::reader::FileReader;
@@ -234,10 +234,15 @@ impl CarryOver {
         rows.write(batch)?;
         let first = s.count;
         s.count += batch.num_rows() as u64;
-        u32::try_from(s.count).map_err(|_| Error::Internal("a carry-over group holds fewer than 2^32 rows a side".into()))?;
+        if u32::try_from(s.count).is_err() {
+            return Err(Error::Internal(format!(
+                "a copy-on-write rewrite of one partition group has more than 2^32 {side:?} rows; carry-over numbers rows with 32 bits"
+            )));
+        }
         for (i, fp) in fps.iter().enumerate() {
-            // the matcher indexes by the low half: partition by the high half so each part's table still spreads
-            let part = ((*fp >> 64) as u64 % parts) as usize;
+            // the matcher indexes by the low half: partition by the high half (multiply-shift onto 0..parts; it is a
+            // hash already) so each part's table still spreads
+            let part = (((*fp >> 64) * parts as u128) >> 64) as usize;
             let file = match &mut s.parts[part] {
                 Some(f) => f,
                 None => s.parts[part].insert(FpFile::create(&dir)?),
@@ -275,31 +280,45 @@ impl Bitmap {
 /// (deleted when dropped).
 struct FpFile {
     tmp: tempfile::NamedTempFile,
-    writer: Option<BufWriter<File>>,
+    file: Option<File>,
+    /// Entries not yet written.
+    buf: Vec<u8>,
     bytes: u64,
 }
+
+/// Bytes of entries a part's file collects before writing them.
+const FP_BUFFER: usize = 64 << 10;
 
 impl FpFile {
     fn create(dir: &Path) -> Result<Self> {
         let tmp = tempfile::Builder::new().prefix("cdc-carry-fp-").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
-        let writer = BufWriter::with_capacity(64 << 10, tmp.reopen().map_err(|e| spill_error(dir, e))?);
-        Ok(FpFile { tmp, writer: Some(writer), bytes: 0 })
+        let file = tmp.reopen().map_err(|e| spill_error(dir, e))?;
+        Ok(FpFile { tmp, file: Some(file), buf: Vec::with_capacity(FP_BUFFER), bytes: 0 })
     }
+    #[inline]
     fn push(&mut self, fp: u128, row: u32) -> Result<()> {
-        let w = self.writer.as_mut().expect("fingerprints written before they are read");
-        let mut entry = [0u8; ENTRY_BYTES];
-        entry[..16].copy_from_slice(&fp.to_le_bytes());
-        entry[16..].copy_from_slice(&row.to_le_bytes());
-        w.write_all(&entry).map_err(|e| spill_error(self.tmp.path(), e))?;
+        self.buf.extend_from_slice(&fp.to_le_bytes());
+        self.buf.extend_from_slice(&row.to_le_bytes());
         self.bytes += ENTRY_BYTES as u64;
+        if self.buf.len() >= FP_BUFFER {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<()> {
+        let f = self.file.as_mut().expect("fingerprints written before they are read");
+        f.write_all(&self.buf).map_err(|e| spill_error(self.tmp.path(), e))?;
+        self.buf.clear();
         Ok(())
     }
     /// Finishes writing and hands the entries back in order, in chunks: (fingerprints, row numbers).
     fn for_each(&mut self, mut f: impl FnMut(&[u128], &[u32])) -> Result<()> {
-        let err = |e| spill_error(self.tmp.path(), e);
-        if let Some(w) = self.writer.take() {
-            w.into_inner().map_err(|e| err(e.into_error()))?;
+        if self.file.is_some() {
+            self.flush()?;
+            self.file = None;
+            self.buf = Vec::new();
         }
+        let err = |e| spill_error(self.tmp.path(), e);
         let mut r = BufReader::with_capacity(ENTRY_BYTES * ENTRIES_PER_READ, File::open(self.tmp.path()).map_err(err)?);
         let mut buf = vec![0u8; ENTRY_BYTES * ENTRIES_PER_READ];
         let (mut fps, mut rows) = (Vec::with_capacity(ENTRIES_PER_READ), Vec::with_capacity(ENTRIES_PER_READ));

@@ -94,12 +94,12 @@ def test_sync_in_one_go_with_multi_snapshot_commits(spark, spark_tables, warehou
 
 
 def test_sync_into_many_partitions_with_a_small_budget(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path):
-    """Every commit touches 64 partitions and a 1 MiB budget keeps 16 files open per writer: files are closed early
+    """Every commit touches 100 partitions and a 1 MiB budget keeps 64 files open per writer: files are closed early
     (memory stays bounded however many partitions a commit touches) and the replica is still exact, also for rows
     written and rewritten within one commit (deleted by position in files closed before)."""
     t = f"{CAT}.db.many_parts"
     spark.sql(f"DROP TABLE IF EXISTS {t}")
-    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING, n INT) USING iceberg PARTITIONED BY (bucket(64, id)) "
+    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING, n INT) USING iceberg PARTITIONED BY (bucket(100, id)) "
               "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')")
     spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
     rows = lambda lo, hi: spark.range(lo, hi).selectExpr("id", "concat('v', id) as v", "cast(id % 7 as int) as n")  # noqa: E731

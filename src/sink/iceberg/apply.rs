@@ -93,8 +93,9 @@ impl CommitWriter {
         let keys = RowConverter::new(key_idx.iter().map(|&i| SortField::new(arrow.field(i).data_type().clone())).collect())?;
         let size = spec.target_file_size as usize;
         // data files get most of the write budget: delete files hold only the key columns
-        let rg = WriteLimits::within(spec.write_budget * 3 / 4, arrow.fields().len());
-        let rg_deletes = WriteLimits::within(spec.write_budget / 4, key_idx.len());
+        // a bootstrap copies the source file by file (clustered by partition); change rows come in key order
+        let rg = WriteLimits::within(spec.write_budget * 3 / 4, arrow.fields().len(), spec.bootstrap);
+        let rg_deletes = WriteLimits::within(spec.write_budget / 4, key_idx.len(), false);
         Ok(CommitWriter {
             table: table.clone(),
             data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg, &spec.equality_ids)?,

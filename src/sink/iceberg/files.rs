@@ -38,13 +38,22 @@ impl WriteLimits {
 
     /// Limits that keep the open files of one writer within `budget`: row groups of a sixteenth of it (a commit
     /// touching up to 16 partitions writes full row groups; never smaller than 1 MiB, readers pay per row group, nor
-    /// larger than 128 MiB), and as many open files as the budget holds, at least 16.
-    pub fn within(budget: u64, columns: usize) -> Self {
+    /// larger than 128 MiB), and as many open files as the budget holds, but at least [`MIN_OPEN_CLUSTERED`] when
+    /// the rows come clustered by partition (a bootstrap copies file by file: closing the least recent file loses
+    /// nothing) and [`MIN_OPEN_SCATTERED`] when they come in key order (every batch touches every partition: closing
+    /// files early fragments them, so only a commit touching more partitions than that trades file size for memory).
+    pub fn within(budget: u64, columns: usize, clustered: bool) -> Self {
         let row_group_bytes = (budget / 16).clamp(1 << 20, 128 << 20);
         let per_file = row_group_bytes + columns as u64 * OPEN_FILE_BYTES_PER_COLUMN;
-        WriteLimits { row_group_bytes: row_group_bytes as usize, max_open: (budget / per_file).max(16) as usize }
+        let floor = if clustered { MIN_OPEN_CLUSTERED } else { MIN_OPEN_SCATTERED };
+        WriteLimits { row_group_bytes: row_group_bytes as usize, max_open: ((budget / per_file) as usize).max(floor) }
     }
 }
+
+/// Open files a writer of rows clustered by partition keeps at least.
+pub const MIN_OPEN_CLUSTERED: usize = 16;
+/// Open files a writer of rows in key order (scattered over partitions) keeps at least.
+pub const MIN_OPEN_SCATTERED: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -334,4 +343,26 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         last = s;
     }
     last.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_limits_bound_open_files_by_the_budget() {
+        // the default budget's data writers (3/4 of a quarter of 256 MiB, 6 columns): 16 full row groups of 3 MiB
+        let l = WriteLimits::within(48 << 20, 6, true);
+        assert_eq!((l.row_group_bytes, l.max_open), (3 << 20, 16));
+        // rows in key order touch every partition in every batch: more files stay open before any closes early
+        assert_eq!(WriteLimits::within(48 << 20, 6, false).max_open, MIN_OPEN_SCATTERED);
+        // a tiny budget still writes 1 MiB row groups and keeps the floor open: the "fixed overhead"
+        let l = WriteLimits::within(1 << 20, 3, true);
+        assert_eq!((l.row_group_bytes, l.max_open), (1 << 20, 16));
+        // a large budget keeps more files open, each within its share
+        let l = WriteLimits::within(8 << 30, 10, true);
+        assert_eq!(l.row_group_bytes, 128 << 20);
+        assert_eq!(l.max_open, ((8u64 << 30) / ((128 << 20) + (10 << 20))) as usize);
+        assert!(l.max_open as u64 * (l.row_group_bytes as u64 + 10 * OPEN_FILE_BYTES_PER_COLUMN) <= 8 << 30);
+    }
 }
