@@ -116,11 +116,26 @@ impl RangeArgs {
     }
 }
 
+/// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what is freed in it: with the
+/// runtime's workers, the blocking threads and the writers' tasks that kept ~70 MB more resident than the live heap
+/// at 10 M rows (measured: peak RSS 360 → 290 MB, same CPU). Two arenas keep `engine.memory_budget` honest. Set
+/// before any thread starts; `MALLOC_ARENA_MAX` in the environment still wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only tunes the allocator; called once, before other threads exist.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Like other Unix filters: a closed pipe (`cdc changes | head`) ends the process quietly.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    limit_malloc_arenas();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -30,11 +30,15 @@ pub struct WriteLimits {
     /// Files open at once; beyond it the least recently written one is closed (its partition gets a new file when
     /// it has rows again).
     pub max_open: usize,
+    /// Dictionary size of a column chunk before it falls back to plain encoding. The writer's dictionary (and the
+    /// hash table interning its values, several times larger) is not part of the row group's estimated size: with
+    /// parquet-rs's 1 MiB default, 16 open files held ~150 MB of dictionaries in heap profiles at 100 M rows.
+    pub dictionary_page_bytes: usize,
 }
 
 impl WriteLimits {
     /// Files written outside a sync's memory budget (tests, benchmark fixtures).
-    pub const FIXTURE: WriteLimits = WriteLimits { row_group_bytes: 64 << 20, max_open: usize::MAX };
+    pub const FIXTURE: WriteLimits = WriteLimits { row_group_bytes: 64 << 20, max_open: usize::MAX, dictionary_page_bytes: 1 << 20 };
 
     /// Limits that keep the open files of one writer within `budget`: row groups of a sixteenth of it (a commit
     /// touching up to 16 partitions writes full row groups; never smaller than 1 MiB, readers pay per row group, nor
@@ -46,7 +50,9 @@ impl WriteLimits {
         let row_group_bytes = (budget / 16).clamp(1 << 20, 128 << 20);
         let per_file = row_group_bytes + columns as u64 * OPEN_FILE_BYTES_PER_COLUMN;
         let floor = if clustered { MIN_OPEN_CLUSTERED } else { MIN_OPEN_SCATTERED };
-        WriteLimits { row_group_bytes: row_group_bytes as usize, max_open: ((budget / per_file) as usize).max(floor) }
+        // a column's dictionary gets a share of the row group: low-cardinality columns keep theirs, others fall back
+        let dictionary_page_bytes = (row_group_bytes / (4 * columns.max(1) as u64)).clamp(64 << 10, 1 << 20) as usize;
+        WriteLimits { row_group_bytes: row_group_bytes as usize, max_open: ((budget / per_file) as usize).max(floor), dictionary_page_bytes }
     }
 }
 
@@ -142,7 +148,8 @@ impl PartitionedWriter {
         let splitter = if spec.is_unpartitioned() { None } else { Some(Splitter::new(&table_schema, &spec)?) };
         let mut props = WriterProperties::builder()
             .set_compression(parquet::basic::Compression::ZSTD(parquet::basic::ZstdLevel::try_new(1).expect("valid level")))
-            .set_max_row_group_bytes(Some(limits.row_group_bytes.max(1)));
+            .set_max_row_group_bytes(Some(limits.row_group_bytes.max(1)))
+            .set_dictionary_page_size_limit(limits.dictionary_page_bytes.max(1));
         // Key values are unique: a dictionary never pays off for them, yet parquet-rs interns every value of a row
         // group before it falls back to plain encoding (a fifth of a bootstrap in profiles).
         for id in unique_ids {
@@ -353,7 +360,7 @@ mod tests {
     fn write_limits_bound_open_files_by_the_budget() {
         // the default budget's data writers (3/4 of a quarter of 256 MiB, 6 columns): 16 full row groups of 3 MiB
         let l = WriteLimits::within(48 << 20, 6, true);
-        assert_eq!((l.row_group_bytes, l.max_open), (3 << 20, 16));
+        assert_eq!((l.row_group_bytes, l.max_open, l.dictionary_page_bytes), (3 << 20, 16, 128 << 10));
         // rows in key order touch every partition in every batch: more files stay open before any closes early
         assert_eq!(WriteLimits::within(48 << 20, 6, false).max_open, MIN_OPEN_SCATTERED);
         // a tiny budget still writes 1 MiB row groups and keeps the floor open: the "fixed overhead"
