@@ -180,12 +180,15 @@ pub struct ChangelogScan<'a> {
     out_schema: SchemaRef,
     opts: ScanOptions,
     cache: Arc<DeleteCache>,
+    /// Shared by every file this scan reads: the source row groups held at once stay within a quarter of the budget.
+    gate: reader::ReadGate,
 }
 
 impl<'a> ChangelogScan<'a> {
     /// `output`: the Iceberg schema change rows are written in (the end snapshot's).
     pub fn new(table: &'a Table, output: &Schema, key_ids: Vec<i32>, opts: ScanOptions) -> Result<Self> {
-        Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&output_arrow_schema(output)?), opts, cache: Default::default() })
+        let gate = reader::ReadGate::new(opts.memory_budget / 4);
+        Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&output_arrow_schema(output)?), opts, cache: Default::default(), gate })
     }
 
     /// Changes the schema change rows are written in (a sync reads each commit's snapshots in the schema of its
@@ -355,10 +358,10 @@ impl ChangelogScan<'_> {
         let tasks: Vec<_> = jobs
             .into_iter()
             .map(|job| {
-                let (file_io, cache, tx, schema) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone());
+                let (file_io, cache, tx, schema, gate) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone(), self.gate.clone());
                 async move {
                     let f = job.file.clone();
-                    match diff_file(&file_io, &cache, job, schema, schema_id, fingerprint, &tx).await {
+                    match diff_file(&file_io, &cache, &gate, job, schema, schema_id, fingerprint, &tx).await {
                         Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
@@ -689,9 +692,11 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
 }
 
 /// Streams one data file and sends the rows it loses and gains. Returns rows read.
+#[allow(clippy::too_many_arguments)]
 async fn diff_file(
     file_io: &FileIO,
     cache: &DeleteCache,
+    gate: &reader::ReadGate,
     job: FileJob,
     schema: SchemaRef,
     schema_id: i32,
@@ -702,7 +707,7 @@ async fn diff_file(
     let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
-    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema).await?);
+    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(gate)).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
         let lb = live_mask(&sb, &batch, offset)?;

@@ -9,12 +9,17 @@ use std::sync::Arc;
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{Schema, SchemaRef};
-use futures::{Stream, StreamExt, TryStreamExt};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileIO;
-use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::ParquetMetaData;
 use roaring::RoaringTreemap;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::source::files::FileEntry;
@@ -26,7 +31,7 @@ pub use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 pub use crate::spec::projection::field_id;
 
-async fn open(file_io: &FileIO, path: &str) -> Result<ParquetRecordBatchStreamBuilder<ArrowFileReader>> {
+async fn open(file_io: &FileIO, path: &str, gate: Option<&ReadGate>) -> Result<ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
     let meta = input.metadata().await.map_err(|e| {
@@ -36,14 +41,81 @@ async fn open(file_io: &FileIO, path: &str) -> Result<ParquetRecordBatchStreamBu
             err(&e)
         }
     })?;
-    let reader = input.reader().await.map_err(|e| err(&e))?;
-    ParquetRecordBatchStreamBuilder::new(ArrowFileReader::new(meta, reader)).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))
+    let reader = ArrowFileReader::new(meta, input.reader().await.map_err(|e| err(&e))?);
+    let reader: Box<dyn AsyncFileReader> = match gate {
+        Some(gate) => Box::new(GatedReader { inner: reader, gate: gate.clone(), held: None }),
+        None => Box::new(reader),
+    };
+    ParquetRecordBatchStreamBuilder::new(reader).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))
+}
+
+/// Bounds the bytes that concurrent Parquet readers hold. A reader fetches the column chunks of a whole row group
+/// before decoding it (compressed; Spark writes row groups of up to 128 MB), so N readers hold N row groups: that
+/// grows with the files, not with the rows in flight. Every row-group fetch first takes its compressed size from
+/// the gate (in KiB) and gives it back when the reader asks for its next row group or ends; a row group larger than
+/// the whole gate takes all of it and is read alone, so one reader always makes progress.
+#[derive(Clone, Debug)]
+pub struct ReadGate {
+    permits: Arc<Semaphore>,
+    kib: u32,
+}
+
+impl ReadGate {
+    /// A gate that lets readers hold at most `bytes` (or one row group, when a row group is larger).
+    pub fn new(bytes: u64) -> Self {
+        let kib = (bytes / 1024).clamp(1, u32::MAX as u64 >> 3) as u32;
+        ReadGate { permits: Arc::new(Semaphore::new(kib as usize)), kib }
+    }
+
+    /// KiB free right now (for tests and debug logs).
+    pub fn available_kib(&self) -> usize {
+        self.permits.available_permits()
+    }
+
+    async fn admit(&self, bytes: u64) -> Result<OwnedSemaphorePermit> {
+        let kib = bytes.div_ceil(1024).clamp(1, self.kib as u64) as u32;
+        self.permits.clone().acquire_many_owned(kib).await.map_err(|e| Error::Internal(format!("read gate closed: {e}")))
+    }
+}
+
+/// An [`AsyncFileReader`] whose row-group fetches pass a [`ReadGate`]. The async Parquet stream asks for the
+/// ranges of the next row group only once the previous one is decoded (one request per row group without row
+/// filters, which we never set), so the permit of one fetch is released by the next.
+struct GatedReader<R> {
+    inner: R,
+    gate: ReadGate,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl<R: AsyncFileReader> AsyncFileReader for GatedReader<R> {
+    fn get_bytes(&mut self, range: std::ops::Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        self.inner.get_bytes(range)
+    }
+
+    fn get_byte_ranges(&mut self, ranges: Vec<std::ops::Range<u64>>) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.held = None;
+            let bytes = ranges.iter().map(|r| r.end - r.start).sum();
+            self.held = Some(self.gate.admit(bytes).await.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?);
+            self.inner.get_byte_ranges(ranges).await
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(&'a mut self, options: Option<&'a ArrowReaderOptions>) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        self.inner.get_metadata(options)
+    }
 }
 
 /// Streams the rows of a Parquet data file, projected by field id onto `target`, in file order (so the n-th row
-/// overall is at position n).
-pub async fn read_data_file(file_io: &FileIO, path: &str, target: SchemaRef) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
-    let builder = open(file_io, path).await?;
+/// overall is at position n); its row-group fetches pass `gate` when one is given.
+pub async fn read_data_file(
+    file_io: &FileIO,
+    path: &str,
+    target: SchemaRef,
+    gate: Option<&ReadGate>,
+) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
+    let builder = open(file_io, path, gate).await?;
     let file_schema = builder.schema().clone();
     let wanted: HashSet<i32> = target.fields().iter().filter_map(|f| field_id(f)).collect();
     let names: HashSet<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
@@ -77,7 +149,7 @@ pub use crate::spec::projection::relax;
 
 /// A v2 position-delete file: deleted positions per data file path.
 pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashMap<String, RoaringTreemap>> {
-    let builder = open(file_io, path).await?;
+    let builder = open(file_io, path, None).await?;
     let schema = builder.schema().clone();
     let find = |id: i32, name: &str| {
         schema
@@ -159,7 +231,8 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
     let mut eq = EqDeletes { field_ids, keys: KeySet::with_capacity_and_hasher(capacity, ahash::RandomState::new()) };
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
-    let mut stream = Box::pin(read_data_file(file_io, path, key_schema).await?);
+    // equality deletes are held whole anyway (their keys), and read once per cached file: not gated
+    let mut stream = Box::pin(read_data_file(file_io, path, key_schema, None).await?);
     while let Some(b) = stream.try_next().await? {
         let rows = conv.convert_columns(b.columns())?;
         for r in rows.iter() {
@@ -167,4 +240,63 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
         }
     }
     Ok(eq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use std::time::Duration;
+
+    /// A Parquet file of `groups` row groups of 20 000 distinct longs each (~160 KB a column chunk, uncompressed).
+    fn file(groups: usize) -> Vec<u8> {
+        let schema = Arc::new(Schema::new(vec![arrow_schema::Field::new("v", arrow_schema::DataType::Int64, false)]));
+        let props = WriterProperties::builder().set_max_row_group_row_count(Some(20_000)).set_dictionary_enabled(false).build();
+        let mut out = Vec::new();
+        let mut w = ArrowWriter::try_new(&mut out, schema.clone(), Some(props)).unwrap();
+        let values: Int64Array = (0..(groups * 20_000) as i64).map(|v| v * 7919).collect();
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(values)]).unwrap()).unwrap();
+        w.close().unwrap();
+        out
+    }
+
+    async fn stream(
+        bytes: Vec<u8>,
+        gate: &ReadGate,
+    ) -> parquet::arrow::async_reader::ParquetRecordBatchStream<GatedReader<std::io::Cursor<Vec<u8>>>> {
+        let reader = GatedReader { inner: std::io::Cursor::new(bytes), gate: gate.clone(), held: None };
+        ParquetRecordBatchStreamBuilder::new(reader).await.unwrap().with_batch_size(4096).build().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_gate_holds_one_row_group_per_reader_and_lets_the_next_wait() {
+        let gate = ReadGate::new(1 << 20);
+        let mut a = stream(file(3), &gate).await;
+        assert_eq!(gate.available_kib(), 1024, "the footer is not charged");
+        a.next().await.unwrap().unwrap();
+        let held = 1024 - gate.available_kib();
+        assert!((100..400).contains(&held), "one row group's column chunk is held: {held} KiB");
+        let mut rows = 4096;
+        while let Some(b) = a.next().await {
+            rows += b.unwrap().num_rows();
+            assert!(1024 - gate.available_kib() <= held + 8, "never two row groups at once");
+        }
+        assert_eq!(rows, 60_000);
+        drop(a);
+        assert_eq!(gate.available_kib(), 1024, "a finished reader gives everything back");
+
+        // a gate smaller than one row group: the first reader takes all of it, the second waits until it is done
+        let tiny = ReadGate::new(64 << 10);
+        let mut first = stream(file(1), &tiny).await;
+        let mut second = stream(file(1), &tiny).await;
+        first.next().await.unwrap().unwrap();
+        assert_eq!(tiny.available_kib(), 0);
+        assert!(tokio::time::timeout(Duration::from_millis(50), second.next()).await.is_err(), "the second reader must wait");
+        while first.next().await.is_some() {}
+        drop(first);
+        let b = tokio::time::timeout(Duration::from_secs(5), second.next()).await.expect("admitted once the first is done");
+        assert_eq!(b.unwrap().unwrap().num_rows(), 4096);
+    }
 }
