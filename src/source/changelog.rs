@@ -354,14 +354,14 @@ impl ChangelogScan<'_> {
     fn read_files(&self, jobs: Vec<FileJob>, schema: SchemaRef, schema_id: i32, fingerprint: bool, concurrency: usize) -> (RowsRx, ReadTotals) {
         let concurrency = concurrency.max(1);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileRows>>(concurrency * 2);
-        let file_io = self.table.file_io().clone();
+        let shared = Arc::new(FileReads { file_io: self.table.file_io().clone(), cache: self.cache.clone(), gate: self.gate.clone() });
         let tasks: Vec<_> = jobs
             .into_iter()
             .map(|job| {
-                let (file_io, cache, tx, schema, gate) = (file_io.clone(), self.cache.clone(), tx.clone(), schema.clone(), self.gate.clone());
+                let (shared, tx, schema) = (shared.clone(), tx.clone(), schema.clone());
                 async move {
                     let f = job.file.clone();
-                    match diff_file(&file_io, &cache, &gate, job, schema, schema_id, fingerprint, &tx).await {
+                    match diff_file(&shared, job, schema, schema_id, fingerprint, &tx).await {
                         Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
@@ -691,12 +691,16 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
     Ok(live)
 }
 
+/// What every file task of one scan shares.
+struct FileReads {
+    file_io: FileIO,
+    cache: Arc<DeleteCache>,
+    gate: reader::ReadGate,
+}
+
 /// Streams one data file and sends the rows it loses and gains. Returns rows read.
-#[allow(clippy::too_many_arguments)]
 async fn diff_file(
-    file_io: &FileIO,
-    cache: &DeleteCache,
-    gate: &reader::ReadGate,
+    shared: &FileReads,
     job: FileJob,
     schema: SchemaRef,
     schema_id: i32,
@@ -705,9 +709,10 @@ async fn diff_file(
 ) -> Result<u64> {
     let f = job.file.as_ref();
     let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
+    let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
-    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(gate)).await?);
+    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate)).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
         let lb = live_mask(&sb, &batch, offset)?;

@@ -121,6 +121,58 @@ def test_sync_into_many_partitions_with_a_small_budget(spark, spark_tables, ware
     assert positional > 0, "rows rewritten within one commit must be deleted by position"
 
 
+@pytest.mark.parametrize("partitioned", [False, True], ids=["global", "by-partition"])
+def test_merge_on_read_deletes_with_a_small_budget(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, partitioned):
+    """A merge-on-read MERGE on a v3 table (deletion vectors) of 200k rows, several times a 1 MiB budget: `cdc
+    changes` spills, reads the same files once, prints what the unconstrained run prints and exactly what Spark's
+    time travel says changed; `cdc sync` within the same budget makes an exact replica."""
+    name = "mor_big_p" if partitioned else "mor_big"
+    t = f"{CAT}.db.{name}"
+    spark.sql(f"DROP TABLE IF EXISTS {t}")
+    part = "PARTITIONED BY (bucket(4, id)) " if partitioned else ""
+    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING, n INT) USING iceberg {part}TBLPROPERTIES ('format-version'='3', "
+              "'write.merge.mode'='merge-on-read', 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+    spark.range(200000).selectExpr("id", "concat('v', id) as v", "cast(id % 7 as int) as n").repartition(4).writeTo(t).append()
+    spark.sql(f"MERGE INTO {t} x USING (SELECT id FROM range(210000) WHERE id % 10 = 0 OR id % 50 = 1 OR id >= 200000) s ON x.id = s.id "
+              "WHEN MATCHED AND x.id % 50 = 1 THEN DELETE WHEN MATCHED THEN UPDATE SET x.n = x.n + 100 "
+              "WHEN NOT MATCHED THEN INSERT (id, v, n) VALUES (s.id, concat('new', s.id), 0)")
+    s1, s2 = lineage(spark, t)
+    assert spark.sql(f"SELECT count(*) AS c FROM {t}.delete_files WHERE file_format = 'PUFFIN'").collect()[0].c > 0, "deletion vectors expected"
+
+    engine = f'[engine]\nmemory_budget = "1MiB"\nspill_dir = "{tmp_path}"'
+    small = write_config(str(tmp_path / "small.toml"), f"db.{name}", warehouse, engine)
+    big = write_config(str(tmp_path / "big.toml"), f"db.{name}", warehouse)
+    p = run_cdc("changes", "--config", small, "--from-snapshot", str(s1))
+    q = run_cdc("changes", "--config", big, "--from-snapshot", str(s1))
+    files = lambda err: int(err.split(" files /")[0].rsplit(" ", 1)[1])  # noqa: E731
+    spilled = lambda err: float(err.split(" MB spilled")[0].rsplit(" ", 1)[1])  # noqa: E731
+    assert files(p.stderr) == files(q.stderr), (p.stderr, q.stderr)
+    assert spilled(p.stderr) > 0 and spilled(q.stderr) == 0, (p.stderr, q.stderr)
+    assert p.stdout == q.stdout
+    got = Counter((r["_change_type"], r["id"], r["v"], r["n"]) for r in map(json.loads, p.stdout.splitlines()))
+    before = {r.id: (r.v, r.n) for r in spark.sql(f"SELECT * FROM {t} VERSION AS OF {s1}").collect()}
+    after = {r.id: (r.v, r.n) for r in spark.sql(f"SELECT * FROM {t} VERSION AS OF {s2}").collect()}
+    want = Counter()
+    for k in before.keys() | after.keys():
+        if k not in after:
+            want[("DELETE", k, *before[k])] += 1
+        elif k not in before:
+            want[("INSERT", k, *after[k])] += 1
+        elif before[k] != after[k]:
+            want[("UPDATE_BEFORE", k, *before[k])] += 1
+            want[("UPDATE_AFTER", k, *after[k])] += 1
+    assert got == want, (got - want, want - got)
+    assert (sum(1 for c in got if c[0] == "DELETE"), sum(1 for c in got if c[0] == "INSERT")) == (4000, 10000)
+
+    section, tgt = target_section("hadoop", f"mor_big.{name}", warehouse, rest_catalog, sql_target, "format_version = 3")
+    cfg = write_config(str(tmp_path / "sync.toml"), f"db.{name}", warehouse, engine, target=section)
+    run_cdc("sync", "--config", cfg, "--to-snapshot", str(s1))
+    summary = json.loads(run_cdc("sync", "--config", cfg, "--json").stdout)
+    assert summary["spilled_bytes"] > 0 and summary["updates"] == 20000, summary
+    assert_replica(spark, t, tgt, ["id", "v", "n"])
+
+
 def test_sync_survives_sigkill_at_random_moments(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path):
     rng = random.Random(7)
     for kind, name in (("sql", "mor_v3"), ("hadoop", "part_v2")):
