@@ -46,6 +46,12 @@ pub enum Error {
     #[error("commit to `{table}` conflicted with another writer: {message}")]
     Conflict { table: String, message: String },
 
+    /// The catalog may or may not have applied a commit (a 5xx other than 503, a timeout or a dropped connection
+    /// after the request was sent), and a reload did not show it applied. A request still in flight may yet land, so
+    /// the files it references must not be deleted while it can.
+    #[error("catalog error ({catalog}): commit state unknown and not applied when checked: {message}")]
+    CommitUnknown { catalog: String, message: String },
+
     #[error("table `{table}` not found in catalog `{catalog}`; check `table` (namespace.table) and the catalog settings")]
     TableNotFound { catalog: String, table: String },
 
@@ -92,7 +98,7 @@ impl Error {
             Error::Catalog { retryable, .. } | Error::Io { retryable, .. } | Error::Auth { retryable, .. } | Error::Kafka { retryable, .. } => {
                 *retryable
             }
-            Error::Conflict { .. } => true,
+            Error::Conflict { .. } | Error::CommitUnknown { .. } => true,
             Error::Iceberg(e) => e.retryable(),
             _ => false,
         }
@@ -102,7 +108,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => "config",
-            Error::Catalog { .. } => "catalog",
+            Error::Catalog { .. } | Error::CommitUnknown { .. } => "catalog",
             Error::Auth { .. } => "auth",
             Error::Kafka { .. } => "kafka",
             Error::Fenced { .. } => "fenced",
@@ -137,7 +143,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
-            Error::Catalog { .. } | Error::Conflict { .. } => exit::CATALOG,
+            Error::Catalog { .. } | Error::Conflict { .. } | Error::CommitUnknown { .. } => exit::CATALOG,
             Error::Auth { .. } => exit::AUTH,
             Error::Kafka { .. } | Error::Fenced { .. } => exit::KAFKA,
             Error::TableNotFound { .. } => exit::NOT_FOUND,

@@ -227,15 +227,21 @@ impl Catalog {
                     rest::CommitOutcome::Committed => self.load_table(&table_name(ident)).await,
                     rest::CommitOutcome::Conflict(m) => Err(Error::Conflict { table: ident.to_string(), message: m }),
                     rest::CommitOutcome::Unknown(m) => {
-                        // The server may have applied it: the reloaded table tells.
-                        let t = self.load_table(&table_name(ident)).await?;
-                        match new_snapshot {
-                            Some(id) if t.metadata().snapshot_by_id(id).is_some() => Ok(t),
-                            _ => Err(Error::catalog("rest", format!("commit state unknown and not applied: {m}"), true)),
-                        }
+                        self.applied_or(ident, new_snapshot, Error::CommitUnknown { catalog: "rest".into(), message: m }).await
                     }
+                    rest::CommitOutcome::Unavailable(m) => self.applied_or(ident, new_snapshot, Error::catalog("rest", m, true)).await,
                 }
             }
+        }
+    }
+
+    /// After a commit whose answer did not say it applied: the reloaded table if it holds `snapshot` (the server
+    /// applied it after all), else `otherwise`.
+    async fn applied_or(&self, ident: &TableIdent, snapshot: Option<i64>, otherwise: Error) -> Result<Table> {
+        let t = self.load_table(&table_name(ident)).await?;
+        match snapshot {
+            Some(id) if t.metadata().snapshot_by_id(id).is_some() => Ok(t),
+            _ => Err(otherwise),
         }
     }
 }

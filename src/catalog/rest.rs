@@ -55,7 +55,11 @@ pub enum CommitOutcome {
     Committed,
     /// 409: a requirement failed (someone else committed); reload and retry.
     Conflict(String),
-    /// 5xx / transport error after the request was sent: the commit may or may not have happened.
+    /// 503: by the REST spec the service did not take the request (a proxy that forwarded it anyway shows in a
+    /// reload).
+    Unavailable(String),
+    /// 5xx other than 503 / transport error after the request was sent: the commit may or may not have happened,
+    /// and may still happen later (a gateway timeout while the server works on).
     Unknown(String),
 }
 
@@ -357,6 +361,7 @@ impl RestClient {
         match status.as_u16() {
             200..=299 => Ok(CommitOutcome::Committed),
             409 => Ok(CommitOutcome::Conflict(server_message(&resp.text().await.unwrap_or_default()))),
+            503 => Ok(CommitOutcome::Unavailable(format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default())))),
             500..=599 => Ok(CommitOutcome::Unknown(format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default())))),
             404 => Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() }),
             _ => Err(self.status_error(&url, resp).await),

@@ -124,14 +124,20 @@ impl Netter {
         let batches = std::mem::take(&mut self.buffer);
         self.buffered = 0;
         let encs: Vec<Encoded> = batches.into_iter().map(|b| Encoded::new(self, b)).collect::<Result<_>>()?;
-        let mut idx: Vec<(u32, u32)> =
-            encs.iter().enumerate().flat_map(|(i, e)| (0..e.batch.num_rows() as u32).map(move |r| (i as u32, r))).collect();
-        idx.sort_unstable_by(|a, b| encs[a.0 as usize].cmp_rows(a.1 as usize, &encs[b.0 as usize], b.1 as usize));
+        let mut idx: Vec<SortItem> = encs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| e.prefix.iter().enumerate().map(move |(r, p)| SortItem { prefix: *p, batch: i as u32, row: r as u32 }))
+            .collect();
+        // Most comparisons are decided by the prefixes, in place; only equal prefixes look at the row encodings.
+        idx.sort_unstable_by(|a, b| {
+            a.prefix.cmp(&b.prefix).then_with(|| encs[a.batch as usize].cmp_rows(a.row as usize, &encs[b.batch as usize], b.row as usize))
+        });
         let refs: Vec<&RecordBatch> = encs.iter().map(|e| &e.batch).collect();
         let mut pairs = Vec::with_capacity(rows_per_batch);
         for chunk in idx.chunks(rows_per_batch) {
             pairs.clear();
-            pairs.extend(chunk.iter().map(|(b, r)| (*b as usize, *r as usize)));
+            pairs.extend(chunk.iter().map(|i| (i.batch as usize, i.row as usize)));
             out(arrow_select::interleave::interleave_record_batch(&refs, &pairs)?)?;
         }
         Ok(())
@@ -377,6 +383,8 @@ fn replay(tree: &mut [usize], cursors: &[Cursor]) {
 /// A batch with its row encodings.
 struct Encoded {
     batch: RecordBatch,
+    /// Per row, [`key_prefix`] of its key encoding: decides most comparisons without touching the encodings.
+    prefix: Vec<u128>,
     key: Rows,
     full: Rows,
     side: Int8Array,
@@ -389,15 +397,33 @@ impl Encoded {
         let key = rowenc::convert(&n.key_conv, &key_cols)?;
         let full = rowenc::convert(&n.full_conv, &batch.columns()[..ncols])?;
         let side = batch.column(ncols).as_any().downcast_ref::<Int8Array>().unwrap().clone();
-        Ok(Encoded { batch, key, full, side })
+        let prefix = key.iter().map(|r| key_prefix(r.as_ref())).collect();
+        Ok(Encoded { batch, prefix, key, full, side })
     }
     fn cmp_rows(&self, a: usize, other: &Encoded, b: usize) -> std::cmp::Ordering {
-        self.key
-            .row(a)
-            .cmp(&other.key.row(b))
+        self.prefix[a]
+            .cmp(&other.prefix[b])
+            .then_with(|| self.key.row(a).cmp(&other.key.row(b)))
             .then_with(|| self.full.row(a).cmp(&other.full.row(b)))
             .then_with(|| self.side.value(a).cmp(&other.side.value(b)))
     }
+}
+
+/// A buffered row to sort: the first bytes of its key's row encoding, and where the row is.
+struct SortItem {
+    prefix: u128,
+    batch: u32,
+    row: u32,
+}
+
+/// The first 16 bytes of a row encoding as a big-endian number, zero-padded. Row encodings compare as byte
+/// strings, so a smaller prefix means a smaller key (a shorter encoding padded with zeros sorts before any longer
+/// one it begins); equal prefixes say nothing and the encodings decide.
+fn key_prefix(enc: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = enc.len().min(16);
+    b[..n].copy_from_slice(&enc[..n]);
+    u128::from_be_bytes(b)
 }
 
 /// Reads one sorted run batch by batch; keeps the batches the pending output still points into (the arena).
@@ -601,6 +627,35 @@ mod tests {
             }
         }
         (rows, merge.stats())
+    }
+
+    #[test]
+    fn key_prefixes_order_like_their_encodings() {
+        let encs: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![1, 2], vec![1, 2, 0], vec![255; 16], vec![255; 17], {
+            let mut v = vec![7u8; 16];
+            v.push(1);
+            v
+        }];
+        for a in &encs {
+            for b in &encs {
+                // a smaller prefix must mean a smaller encoding; equal prefixes leave it to the encodings
+                if key_prefix(a) < key_prefix(b) {
+                    assert!(a < b, "{a:?} vs {b:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn long_keys_that_share_their_first_bytes_sort_and_pair() {
+        // string keys whose encodings agree beyond the 16-byte prefix, shorter keys and the empty key
+        let long = |c: &str| format!("{}{c}", "x".repeat(30));
+        let (l0, l1, l2) = (long("0"), long("1"), long("2"));
+        let removed = [(1, l1.as_str()), (2, l0.as_str()), (3, ""), (4, "x"), (5, l2.as_str())];
+        let added = [(9, l1.as_str()), (2, l0.as_str()), (3, ""), (6, "xx")];
+        let (rows, _) = run(vec![1], 1 << 30, &removed, &added);
+        let got: Vec<(i64, &str, &str)> = rows.iter().map(|(i, v, t)| (*i, v.as_str(), t.as_str())).collect();
+        assert_eq!(got, vec![(4, "x", "DELETE"), (6, "xx", "INSERT"), (1, &l1, "UPDATE_BEFORE"), (9, &l1, "UPDATE_AFTER"), (5, &l2, "DELETE")]);
     }
 
     #[test]

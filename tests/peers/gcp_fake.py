@@ -7,7 +7,8 @@
   responses when asked (`X-Iceberg-Access-Delegation: vended-credentials`). In front of the GCS emulator it demands a
   valid token too (the emulator itself checks none), so a client that misses a refresh fails.
 - Fault injection: `Proxy.inject(method, path_regex, action, times)` answers 503, drops the connection before or after
-  forwarding, or stalls — to prove that runs finish correctly or fail cleanly.
+  forwarding, stalls, or answers 504 and forwards the request later (`forward_delay`) — to prove that runs finish
+  correctly or fail cleanly.
 
 Nothing here talks to a Google endpoint: clients are given these URLs explicitly.
 """
@@ -217,21 +218,30 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization", "connection", "transfer-encoding", "content-length")}
         if body or self.command in ("POST", "PUT", "PATCH"):
             headers["Content-Length"] = str(len(body))
-        conn = http.client.HTTPConnection("127.0.0.1", p.upstream_port, timeout=120)
-        try:
-            conn.request(self.command, self.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            status, rheaders = resp.status, [(k, v) for k, v in resp.getheaders()
-                                             if k.lower() not in ("content-length", "transfer-encoding", "connection")]
-        finally:
-            conn.close()
+        if action == "504_forward_later":
+            # a gateway that times out while the server still works on the request: it lands after the client gave up
+            threading.Thread(target=_forward, args=(p.upstream_port, self.command, self.path, body, headers, p.forward_delay), daemon=True).start()
+            return self._reply(504, b'{"error":{"message":"injected gateway timeout","type":"GatewayTimeout","code":504}}')
+        status, rheaders, data = _forward(p.upstream_port, self.command, self.path, body, headers)
         if action == "drop_after":
             return self._drop()
         if action == "503_after":
             return self._reply(503, b'{"error":{"message":"injected after forwarding","type":"ServiceUnavailable","code":503}}')
         data = p.rewrite(self.command, self.path, self.headers, status, data)
         self._reply(status, data, rheaders)
+
+
+def _forward(port, method, path, body, headers, delay=0):
+    """Sends the request upstream (after `delay` seconds): (status, headers, body)."""
+    time.sleep(delay)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, [(k, v) for k, v in resp.getheaders() if k.lower() not in ("content-length", "transfer-encoding", "connection")], data
+    finally:
+        conn.close()
 
 
 class Proxy(_Server):
@@ -246,6 +256,7 @@ class Proxy(_Server):
         self.refusals = []
         self.vended = 0
         self.stall_seconds = 3
+        self.forward_delay = 0.5
         super().__init__(_ProxyHandler)
 
     def record(self, method, path):

@@ -238,6 +238,55 @@ def test_a_commit_that_keeps_failing_leaves_nothing_behind(spark, gcp, tmp_path)
     assert_same(spark, src, f"{GSCAT}.repl.g_fail")
 
 
+def test_a_commit_that_lands_after_its_gateway_timed_out(spark, gcp, tmp_path):
+    """The catalog's gateway answers 504 while the server still applies the commit half a second later — after cdc
+    reloaded once and saw nothing. cdc must recognise its own snapshot when it lands (not take it for another writer's
+    progress and delete the files it references), apply every change once and leave no orphan."""
+    src = spark_source(spark, "g_late", "mor_v2")
+    cfg = config(tmp_path, gcp, "db.g_late", "repl.g_late", "retry_backoff = \"1s\"")
+    p = gcp.sync(cfg, "--to-snapshot", str(snapshot_ids(spark, src)[1]))
+    assert p.returncode == 0, p.stderr
+    gcp.catalog_proxy.forward_delay = 0.5  # lands after the reload that follows the 504, before the retry's (>= 1 s)
+    gcp.catalog_proxy.inject("POST", r"/tables/g_late$", "504_forward_later", 1)
+    p = gcp.sync(cfg)
+    assert p.returncode == 0, p.stderr
+    assert gcp.catalog_proxy.pending_faults() == 0, gcp.catalog_proxy.faults
+    assert_same(spark, src, f"{GSCAT}.repl.g_late")
+    assert orphans(spark, gcp, f"{GSCAT}.repl.g_late", "repl", "g_late") == set()
+
+
+def test_a_commit_whose_outcome_stays_unknown_keeps_its_files(spark, gcp, tmp_path):
+    """Every attempt of a commit ends in a gateway timeout and the run gives up (exit 9) — but the first attempt is
+    still on its way and lands seconds later. The files it references must still be there: the table stays readable
+    and the next run completes it exactly."""
+    src = spark_source(spark, "g_unknown", "cow_v2")
+    cfg = config(tmp_path, gcp, "db.g_unknown", "repl.g_unknown", "commit_retries = 2\nretry_backoff = \"200ms\"")
+    p = gcp.sync(cfg, "--to-snapshot", str(snapshot_ids(spark, src)[1]))
+    assert p.returncode == 0, p.stderr
+    tgt = f"{GSCAT}.repl.g_unknown"
+    before = snapshot_ids(spark, tgt)
+    gcp.catalog_proxy.forward_delay = 4
+    gcp.catalog_proxy.inject("POST", r"/tables/g_unknown$", "504_forward_later", 2)
+    try:
+        p = gcp.sync(cfg)
+        assert p.returncode == 9, p.stderr
+        assert "commit state unknown" in p.stderr and "504" in p.stderr, p.stderr
+        # the first attempt lands; the second requires the head the first replaced and is refused
+        assert wait_until(lambda: len(snapshot_ids(spark, tgt)) == len(before) + 1, secs=30), "the delayed commit never landed"
+        time.sleep(gcp.catalog_proxy.forward_delay)
+        assert len(snapshot_ids(spark, tgt)) == len(before) + 1
+    finally:
+        gcp.catalog_proxy.faults.clear()
+        gcp.catalog_proxy.forward_delay = 0.5
+    # every file the landed commit references is still there: reading all rows fails on a missing one
+    landed = rows(spark, tgt)
+    assert landed and max(Counter(r[0] for r in landed.elements()).values()) == 1
+    p = gcp.sync(cfg)
+    assert p.returncode == 0, p.stderr
+    assert_same(spark, src, tgt)
+    assert orphans(spark, gcp, tgt, "repl", "g_unknown") == set()
+
+
 def snapshot_ids(spark, t):
     spark.sql(f"REFRESH TABLE {t}")
     return [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {t}.snapshots ORDER BY committed_at").collect()]

@@ -40,6 +40,8 @@ pub struct PreparedCommit {
     pub snapshot_id: i64,
     pub requirements: Vec<TableRequirement>,
     pub updates: Vec<TableUpdate>,
+    /// The manifests and the manifest list this commit wrote (garbage unless it lands).
+    pub metadata_files: Vec<String>,
 }
 
 impl RowDelta {
@@ -113,6 +115,7 @@ impl RowDelta {
             None => Vec::new(),
         };
         let mut collector = SnapshotSummaryCollector::default();
+        let mut metadata_files = Vec::new();
         // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
         // evolved writes equality deletes with its unpartitioned spec, data with the default one).
         let default_spec = meta.default_partition_spec_id();
@@ -143,6 +146,7 @@ impl RowDelta {
             }
             // New manifests first: readers find this snapshot's files without scanning old ones.
             manifests.insert(0, w.write_manifest_file().await?);
+            metadata_files.push(path);
         }
 
         let list_path = format!("{}/metadata/snap-{snapshot_id}-0-{commit_uuid}.avro", meta.location());
@@ -157,6 +161,7 @@ impl RowDelta {
         list.add_manifests(manifests.into_iter())?;
         let next_row_id = list.next_row_id();
         list.close().await?;
+        metadata_files.push(list_path.clone());
 
         let mut props = collector.build();
         let prev = parent.map(|p| p.summary().additional_properties.clone()).unwrap_or_default();
@@ -200,7 +205,7 @@ impl RowDelta {
         if !self.table_properties.is_empty() {
             updates.push(TableUpdate::SetProperties { updates: self.table_properties });
         }
-        Ok(PreparedCommit { snapshot_id, requirements, updates })
+        Ok(PreparedCommit { snapshot_id, requirements, updates, metadata_files })
     }
 }
 

@@ -6,6 +6,12 @@
 //! target head and schema it was planned on; on a conflict or a transient failure it backs off, reloads, and either
 //! commits the same files on the new head (only unrelated commits landed) or answers [`Committed::Replan`] (the
 //! recorded progress or the schema moved) after removing its files.
+//!
+//! A commit whose answer was lost (a 5xx other than 503, a timeout) may land later — a gateway gives up while the
+//! server works on. So every attempt is remembered: when a reload shows one of them, that is our commit (not another
+//! writer's progress) and it is done; and files are removed only when no attempt can land any more — refused, or
+//! its required head gone. Otherwise they stay (orphans at worst); deleting files a commit is about to reference
+//! would corrupt the target.
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -222,46 +228,126 @@ impl<'c> IcebergSink<'c> {
         let files: Vec<String> = data.iter().chain(dels.iter().map(|(_, f)| f)).map(|f| f.file_path().to_string()).collect();
         let props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
-        let mut attempt = 0u32;
+        let mut attempts: Vec<Attempt> = Vec::new();
         test_pause_before_commit();
         loop {
             let prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            let sent = Attempt {
+                snapshot_id: prepared.snapshot_id,
+                parent: target.metadata().current_snapshot_id(),
+                metadata_files: prepared.metadata_files,
+                outcome_unknown: false,
+            };
             if stop.is_some_and(|s| *s.borrow()) {
                 // shutting down: abandon before the catalog call, so the commit either happened or never will
-                remove_unreferenced(target.file_io(), files).await;
+                attempts.push(sent);
+                discard(target.file_io(), Some(&TargetState::of(target.metadata())), files, &attempts).await;
                 return Err(Error::Cancelled);
             }
             match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
                 Ok(t) => {
+                    // earlier attempts can no longer land (the head moved past what they require)
+                    remove_unreferenced(t.file_io(), attempts.into_iter().flat_map(|a| a.metadata_files).collect()).await;
                     self.table = Some(t);
                     self.map = evo.map;
                     let stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
-                    return Ok(Committed::Done { id: prepared.snapshot_id, stats });
+                    return Ok(Committed::Done { id: sent.snapshot_id, stats });
                 }
-                Err(e) if e.is_retryable() && attempt + 1 < self.cfg.commit_retries => {
-                    attempt += 1;
-                    self.retries += 1;
-                    tracing::warn!(error = %e, attempt, "target commit failed, retrying");
-                    tokio::time::sleep(crate::backoff::delay(self.cfg.retry_backoff, attempt)).await;
-                    target = self.catalog.load_table(&self.cfg.table).await?;
+                Err(e) => {
+                    attempts.push(Attempt { outcome_unknown: matches!(e, Error::CommitUnknown { .. }), ..sent });
+                    let retry = e.is_retryable() && attempts.len() < self.cfg.commit_retries as usize;
+                    if retry {
+                        self.retries += 1;
+                        tracing::warn!(error = %e, attempt = attempts.len(), "target commit failed, retrying");
+                        tokio::time::sleep(crate::backoff::delay(self.cfg.retry_backoff, attempts.len() as u32)).await;
+                    }
+                    // what the target holds now decides: an attempt whose answer was lost may have landed since
+                    let reloaded = match self.catalog.load_table(&self.cfg.table).await {
+                        Ok(t) => t,
+                        Err(reload) if retry => return Err(reload),
+                        Err(_) => {
+                            discard(target.file_io(), None, files, &attempts).await;
+                            return Err(e);
+                        }
+                    };
+                    target = reloaded;
                     self.table = Some(target.clone());
-                    let now = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+                    let now = TargetState::of(target.metadata());
+                    if let Some(landed) = landed(&attempts, &now) {
+                        tracing::info!(snapshot_id = landed, "a commit whose answer was lost had landed");
+                        let others = attempts.into_iter().filter(|a| a.snapshot_id != landed).flat_map(|a| a.metadata_files).collect();
+                        remove_unreferenced(target.file_io(), others).await;
+                        self.map = evo.map;
+                        let stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
+                        return Ok(Committed::Done { id: landed, stats });
+                    }
+                    if !retry {
+                        discard(target.file_io(), Some(&now), files, &attempts).await;
+                        return Err(e);
+                    }
+                    let recorded = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
                     let moved = target.metadata().current_schema_id() != open.planned_schema_id
                         || target.metadata().default_partition_spec_id() != open.planned_spec_id;
-                    if now != open.base || moved {
-                        tracing::warn!(planned_from = ?open.base, recorded = ?now, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
-                        remove_unreferenced(target.file_io(), files).await;
+                    if recorded != open.base || moved {
+                        tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
+                        discard(target.file_io(), Some(&now), files, &attempts).await;
                         return Ok(Committed::Replan);
                     }
                     // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
                 }
-                Err(e) => {
-                    remove_unreferenced(target.file_io(), files).await;
-                    return Err(e);
-                }
             }
         }
     }
+}
+
+/// One commit request sent to the catalog (or about to be), remembered until the commit ends.
+struct Attempt {
+    snapshot_id: i64,
+    /// The head it requires (`RefSnapshotIdMatch` on main).
+    parent: Option<i64>,
+    metadata_files: Vec<String>,
+    /// The catalog did not say whether it applied it (see [`Error::CommitUnknown`]).
+    outcome_unknown: bool,
+}
+
+/// What decides the fate of earlier attempts: the target's main head and the snapshots it holds.
+#[derive(Debug, Default)]
+struct TargetState {
+    head: Option<i64>,
+    snapshots: HashSet<i64>,
+}
+
+impl TargetState {
+    fn of(meta: &iceberg::spec::TableMetadata) -> Self {
+        TargetState { head: meta.current_snapshot_id(), snapshots: meta.snapshots().map(|s| s.snapshot_id()).collect() }
+    }
+}
+
+/// The attempt the target holds, if one landed after all.
+fn landed(attempts: &[Attempt], now: &TargetState) -> Option<i64> {
+    attempts.iter().map(|a| a.snapshot_id).find(|id| now.snapshots.contains(id))
+}
+
+/// Whether an attempt may still land on a target in state `now` (`None`: unknown): only one whose outcome is
+/// unknown — a request that may still be in flight — and only while the head is the one it requires.
+fn may_still_land(a: &Attempt, now: Option<&TargetState>) -> bool {
+    a.outcome_unknown && now.is_none_or(|t| t.head == a.parent && !t.snapshots.contains(&a.snapshot_id))
+}
+
+/// Removes what a commit that will not land wrote — its data and delete files and every attempt's manifests — unless
+/// an attempt may still land: deleting files a table is about to reference would corrupt it, while files kept are
+/// only orphans (`remove_orphan_files` finds them).
+async fn discard(io: &iceberg::io::FileIO, now: Option<&TargetState>, files: Vec<String>, attempts: &[Attempt]) {
+    let pending: Vec<i64> = attempts.iter().filter(|a| may_still_land(a, now)).map(|a| a.snapshot_id).collect();
+    if !pending.is_empty() {
+        tracing::warn!(
+            snapshot_ids = ?pending,
+            files = files.len(),
+            "the catalog never said whether a commit applied, and it may still: its files are kept (orphans if it never lands)"
+        );
+        return;
+    }
+    remove_unreferenced(io, files.into_iter().chain(attempts.iter().flat_map(|a| a.metadata_files.iter().cloned())).collect()).await;
 }
 
 fn row_delta(
@@ -378,4 +464,39 @@ fn test_pause_before_commit() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(snapshot_id: i64, parent: Option<i64>, outcome_unknown: bool) -> Attempt {
+        Attempt { snapshot_id, parent, metadata_files: vec![format!("m-{snapshot_id}.avro")], outcome_unknown }
+    }
+    fn state(head: Option<i64>, snapshots: &[i64]) -> TargetState {
+        TargetState { head, snapshots: snapshots.iter().copied().collect() }
+    }
+
+    #[test]
+    fn an_attempt_with_an_unknown_outcome_may_land_while_the_head_is_its_parent() {
+        let unknown = attempt(7, Some(1), true);
+        assert!(may_still_land(&unknown, Some(&state(Some(1), &[1]))), "in flight, head unchanged");
+        assert!(may_still_land(&unknown, None), "the target's state is unknown");
+        assert!(!may_still_land(&unknown, Some(&state(Some(2), &[1, 2]))), "the head moved: its requirement fails");
+        assert!(!may_still_land(&unknown, Some(&state(Some(7), &[1, 7]))), "it landed");
+        // a refused request (409, 503, a connect error) never lands, whatever the head
+        assert!(!may_still_land(&attempt(8, Some(1), false), Some(&state(Some(1), &[1]))));
+        assert!(!may_still_land(&attempt(8, None, false), None));
+        // on an empty target the head is None, the parent an attempt requires too
+        assert!(may_still_land(&attempt(9, None, true), Some(&state(None, &[]))));
+    }
+
+    #[test]
+    fn a_landed_attempt_is_found_among_the_targets_snapshots() {
+        let attempts = [attempt(7, Some(1), true), attempt(8, Some(1), true)];
+        assert_eq!(landed(&attempts, &state(Some(1), &[1])), None);
+        assert_eq!(landed(&attempts, &state(Some(7), &[1, 7])), Some(7));
+        // the first landed, another writer committed on top: still ours
+        assert_eq!(landed(&attempts, &state(Some(9), &[1, 7, 9])), Some(7));
+    }
 }
