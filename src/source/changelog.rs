@@ -28,6 +28,21 @@ use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::spec::lineage;
 
+/// How a scan divides `engine.memory_budget` (numerator, denominator). The parts run at the same time — readers hold
+/// fetched row groups while carry-over holds fingerprints and rows and the netter buffers change rows — so each set
+/// sums to the whole budget: row groups fetched by the readers (the read gate) …
+const READ_SHARE: (u64, u64) = (4, 16);
+/// … + carry-over (all groups at once) + the netter beside it, for a snapshot that rewrites files …
+const CARRY_SHARE: (u64, u64) = (9, 16);
+const NET_SHARE_BESIDE_CARRY: (u64, u64) = (3, 16);
+/// … or + the netter alone, for every other snapshot.
+const NET_SHARE: (u64, u64) = (12, 16);
+
+/// `(n, d)` of `budget`: n/d of it.
+fn share_of(budget: u64, (n, d): (u64, u64)) -> u64 {
+    (budget as u128 * n as u128 / d as u128) as u64
+}
+
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
     pub memory_budget: u64,
@@ -180,14 +195,14 @@ pub struct ChangelogScan<'a> {
     out_schema: SchemaRef,
     opts: ScanOptions,
     cache: Arc<DeleteCache>,
-    /// Shared by every file this scan reads: the source row groups held at once stay within a quarter of the budget.
+    /// Shared by every file this scan reads: the source row groups held at once stay within [`READ_SHARE`].
     gate: reader::ReadGate,
 }
 
 impl<'a> ChangelogScan<'a> {
     /// `output`: the Iceberg schema change rows are written in (the end snapshot's).
     pub fn new(table: &'a Table, output: &Schema, key_ids: Vec<i32>, opts: ScanOptions) -> Result<Self> {
-        let gate = reader::ReadGate::new(opts.memory_budget / 4);
+        let gate = reader::ReadGate::new(share_of(opts.memory_budget, READ_SHARE));
         Ok(ChangelogScan { table, key_ids, out_schema: change::change_schema(&output_arrow_schema(output)?), opts, cache: Default::default(), gate })
     }
 
@@ -249,8 +264,8 @@ impl<'a> ChangelogScan<'a> {
         // Carry-over (identical rows removed and re-added) needs new data files and removed rows in one snapshot:
         // a copy-on-write rewrite. It is cancelled by fingerprint before netting, so the sort only sees real changes.
         let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
-        // beside carry-over cancellation the netter gets a quarter of the budget: it only sees the real changes
-        let netting_budget = if carry_over { self.opts.memory_budget / 4 } else { self.opts.memory_budget };
+        // beside carry-over cancellation the netter gets a small share: it only sees the real changes
+        let netting_budget = share_of(self.opts.memory_budget, if carry_over { NET_SHARE_BESIDE_CARRY } else { NET_SHARE });
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
         let totals = if carry_over {
             let (totals, carry) = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, &mut netter).await?;
@@ -447,7 +462,7 @@ impl ChangelogScan<'_> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = self.opts.concurrency.min(cores).clamp(1, groups.len().max(1));
         tracing::debug!(groups = groups.len(), concurrent = k, "carry-over groups");
-        let share = (self.opts.memory_budget * 3 / 4 / k as u64).max(1);
+        let share = (share_of(self.opts.memory_budget, CARRY_SHARE) / k as u64).max(1);
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true };
         let netter = std::cell::RefCell::new(netter);
