@@ -49,7 +49,7 @@ pub enum Error {
     /// The catalog may or may not have applied a commit (a 5xx other than 503, a timeout or a dropped connection
     /// after the request was sent), and a reload did not show it applied. A request still in flight may yet land, so
     /// the files it references must not be deleted while it can.
-    #[error("catalog error ({catalog}): commit state unknown and not applied when checked: {message}")]
+    #[error("catalog error ({catalog}): commit state unknown and not applied when checked: {message}; run the sync again — it resumes from the progress the target records, whether or not this commit still lands")]
     CommitUnknown { catalog: String, message: String },
 
     #[error("table `{table}` not found in catalog `{catalog}`; check `table` (namespace.table) and the catalog settings")]
