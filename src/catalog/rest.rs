@@ -361,8 +361,11 @@ impl RestClient {
         match status.as_u16() {
             200..=299 => Ok(CommitOutcome::Committed),
             409 => Ok(CommitOutcome::Conflict(server_message(&resp.text().await.unwrap_or_default()))),
-            503 => Ok(CommitOutcome::Unavailable(format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default())))),
-            500..=599 => Ok(CommitOutcome::Unknown(format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default())))),
+            500..=599 => {
+                let m = format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default()));
+                // the spec's 503: the service did not take the request; any other 5xx leaves its state unknown
+                Ok(if status.as_u16() == 503 { CommitOutcome::Unavailable(m) } else { CommitOutcome::Unknown(m) })
+            }
             404 => Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() }),
             _ => Err(self.status_error(&url, resp).await),
         }

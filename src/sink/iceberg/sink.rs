@@ -232,71 +232,76 @@ impl<'c> IcebergSink<'c> {
         test_pause_before_commit();
         loop {
             let prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
-            let sent = Attempt {
+            attempts.push(Attempt {
                 snapshot_id: prepared.snapshot_id,
                 parent: target.metadata().current_snapshot_id(),
                 metadata_files: prepared.metadata_files,
                 outcome_unknown: false,
-            };
+            });
             if stop.is_some_and(|s| *s.borrow()) {
                 // shutting down: abandon before the catalog call, so the commit either happened or never will
-                attempts.push(sent);
                 discard(target.file_io(), Some(&TargetState::of(target.metadata())), files, &attempts).await;
                 return Err(Error::Cancelled);
             }
-            match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
+            let e = match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
                 Ok(t) => {
-                    // earlier attempts can no longer land (the head moved past what they require)
-                    remove_unreferenced(t.file_io(), attempts.into_iter().flat_map(|a| a.metadata_files).collect()).await;
-                    self.table = Some(t);
-                    self.map = evo.map;
-                    let stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
-                    return Ok(Committed::Done { id: sent.snapshot_id, stats });
+                    let id = prepared.snapshot_id;
+                    return Ok(self.landed(t, id, attempts, evo.map, CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats }).await);
                 }
-                Err(e) => {
-                    attempts.push(Attempt { outcome_unknown: matches!(e, Error::CommitUnknown { .. }), ..sent });
-                    let retry = e.is_retryable() && attempts.len() < self.cfg.commit_retries as usize;
-                    if retry {
-                        self.retries += 1;
-                        tracing::warn!(error = %e, attempt = attempts.len(), "target commit failed, retrying");
-                        tokio::time::sleep(crate::backoff::delay(self.cfg.retry_backoff, attempts.len() as u32)).await;
-                    }
-                    // what the target holds now decides: an attempt whose answer was lost may have landed since
-                    let reloaded = match self.catalog.load_table(&self.cfg.table).await {
-                        Ok(t) => t,
-                        Err(reload) if retry => return Err(reload),
-                        Err(_) => {
-                            discard(target.file_io(), None, files, &attempts).await;
-                            return Err(e);
-                        }
-                    };
-                    target = reloaded;
-                    self.table = Some(target.clone());
-                    let now = TargetState::of(target.metadata());
-                    if let Some(landed) = landed(&attempts, &now) {
-                        tracing::info!(snapshot_id = landed, "a commit whose answer was lost had landed");
-                        let others = attempts.into_iter().filter(|a| a.snapshot_id != landed).flat_map(|a| a.metadata_files).collect();
-                        remove_unreferenced(target.file_io(), others).await;
-                        self.map = evo.map;
-                        let stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
-                        return Ok(Committed::Done { id: landed, stats });
-                    }
-                    if !retry {
-                        discard(target.file_io(), Some(&now), files, &attempts).await;
-                        return Err(e);
-                    }
-                    let recorded = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
-                    let moved = target.metadata().current_schema_id() != open.planned_schema_id
-                        || target.metadata().default_partition_spec_id() != open.planned_spec_id;
-                    if recorded != open.base || moved {
-                        tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
-                        discard(target.file_io(), Some(&now), files, &attempts).await;
-                        return Ok(Committed::Replan);
-                    }
-                    // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
-                }
+                Err(e) => e,
+            };
+            let last = attempts.last_mut().expect("pushed above");
+            last.outcome_unknown = matches!(e, Error::CommitUnknown { .. });
+            let retry = e.is_retryable() && attempts.len() < self.cfg.commit_retries as usize;
+            if !retry && !attempts.iter().any(|a| a.outcome_unknown) {
+                // every attempt was refused: none landed or can, nothing to reload
+                discard(target.file_io(), None, files, &attempts).await;
+                return Err(e);
             }
+            if retry {
+                self.retries += 1;
+                tracing::warn!(error = %e, attempt = attempts.len(), "target commit failed, retrying");
+                tokio::time::sleep(crate::backoff::delay(self.cfg.retry_backoff, attempts.len() as u32)).await;
+            }
+            // what the target holds now decides: an attempt whose answer was lost may have landed since
+            target = match self.catalog.load_table(&self.cfg.table).await {
+                Ok(t) => t,
+                Err(reload) if retry => return Err(reload),
+                Err(_) => {
+                    discard(target.file_io(), None, files, &attempts).await;
+                    return Err(e);
+                }
+            };
+            self.table = Some(target.clone());
+            let now = TargetState::of(target.metadata());
+            if let Some(id) = landed(&attempts, &now) {
+                tracing::info!(snapshot_id = id, "a commit whose answer was lost had landed");
+                return Ok(self.landed(target, id, attempts, evo.map, CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats }).await);
+            }
+            if !retry {
+                discard(target.file_io(), Some(&now), files, &attempts).await;
+                return Err(e);
+            }
+            let recorded = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+            let moved = target.metadata().current_schema_id() != open.planned_schema_id
+                || target.metadata().default_partition_spec_id() != open.planned_spec_id;
+            if recorded != open.base || moved {
+                tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
+                discard(target.file_io(), Some(&now), files, &attempts).await;
+                return Ok(Committed::Replan);
+            }
+            // Only unrelated commits landed (no progress of ours moved): the same files apply on the new head.
         }
+    }
+
+    /// Attempt `id` landed on `table`: the others can no longer (the head moved past what they require), so their
+    /// manifests go; the table and the field mapping become current.
+    async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, stats: CommitStats) -> Committed {
+        let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
+        remove_unreferenced(table.file_io(), others).await;
+        self.table = Some(table);
+        self.map = map;
+        Committed::Done { id, stats }
     }
 }
 
