@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn only_real_changes_survive_in_memory_with_overflow_and_in_parts() {
-        let names: Vec<String> = (0..3000).map(|i| format!("v{i}-{}", "x".repeat(60))).collect();
+        let names: Vec<String> = (0..3000).map(|i| format!("v{i}-{}", "x".repeat(200))).collect();
         let removed: Vec<(i64, &str)> = (0..3000).map(|i| (i as i64, names[i].as_str())).collect();
         // rewrite: every 10th row changed, every 50th (offset 1) deleted, 30 new rows, one row duplicated
         let mut added: Vec<(i64, &str)> =

@@ -10,24 +10,50 @@
 //! survive unless marked — a sequential bitmap read, no lookup.
 //!
 //! The table is open addressing with linear probing over the fingerprint's low 64 bits (fingerprints are hashes
-//! already), kept at most three quarters full, keys and heads in separate arrays. Batch operations prefetch the slot of the
-//! fingerprint a few rows ahead, so the cache misses of a large table overlap instead of queueing.
+//! already), kept at most three quarters full. A slot holds the fingerprint and the head of its chain side by side,
+//! so a probe touches one cache line (rarely two), and batch operations prefetch the slot of the fingerprint a few
+//! rows ahead, so the misses of a large table overlap instead of queueing. A head's top bit says whether its chain
+//! goes on: a removed row that takes a row with a unique fingerprint (almost every row) never reads `next`, which
+//! would be another miss nothing prefetched.
 
 /// No row (end of a chain, empty head).
 const NONE: u32 = u32::MAX;
+/// Set in a head (or a `next` link) when the chain goes on after its row.
+const MORE: u32 = 1 << 31;
 /// How far ahead batch operations prefetch.
 const AHEAD: usize = 16;
 
-/// Bytes a table slot costs (16 key + 4 head).
-const SLOT_BYTES: u64 = 20;
+/// Bytes a table slot costs (see [`Slot`]).
+const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
+
+/// One table slot: a fingerprint (both halves 0 = empty) and the head of the chain of rows that have it.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Slot {
+    lo: u64,
+    hi: u64,
+    head: u32,
+}
+
+const EMPTY: Slot = Slot { lo: 0, hi: 0, head: NONE };
+
+impl Slot {
+    fn holds(&self, fp: u128) -> bool {
+        self.lo == fp as u64 && self.hi == (fp >> 64) as u64
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lo == 0 && self.hi == 0
+    }
+}
 
 /// Added rows by fingerprint; see the module header.
 pub(crate) struct Matcher {
-    keys: Vec<u128>,
-    heads: Vec<u32>,
+    slots: Vec<Slot>,
     /// Head of the chain of rows whose fingerprint is 0 (0 marks an empty slot).
     zero: u32,
     len: usize,
+    /// Per added row, the head its fingerprint had before it (the rest of the chain).
     next: Vec<u32>,
     taken: Vec<u64>,
     /// Added rows not yet replayed by [`Matcher::survivors`].
@@ -37,10 +63,8 @@ pub(crate) struct Matcher {
 impl Matcher {
     /// A matcher sized for about `rows` added rows (it grows beyond).
     pub(crate) fn with_capacity(rows: usize) -> Self {
-        let slots = slots_for(rows);
         Matcher {
-            keys: vec![0; slots],
-            heads: vec![NONE; slots],
+            slots: vec![EMPTY; slots_for(rows)],
             zero: NONE,
             len: 0,
             next: Vec::with_capacity(rows),
@@ -56,8 +80,8 @@ impl Matcher {
 
     /// Numbers the next added rows, one per fingerprint.
     pub(crate) fn add(&mut self, fps: &[u128]) {
-        assert!(self.next.len() + fps.len() < NONE as usize, "a carry-over part holds fewer than 2^32 rows");
-        if (self.len + fps.len()) * 4 > self.keys.len() * 3 {
+        assert!(self.next.len() + fps.len() < MORE as usize, "a carry-over part holds fewer than 2^31 rows");
+        if (self.len + fps.len()) * 4 > self.slots.len() * 3 {
             self.grow((self.len + fps.len()) * 4 / 3 + 1);
         }
         for (i, fp) in fps.iter().enumerate() {
@@ -66,11 +90,11 @@ impl Matcher {
             }
             let row = self.next.len() as u32;
             let head = match self.slot(*fp) {
-                Some(s) => &mut self.heads[s],
+                Some(s) => &mut self.slots[s].head,
                 None => &mut self.zero,
             };
             self.next.push(*head);
-            *head = row;
+            *head = if *head == NONE { row } else { row | MORE };
         }
         self.taken.resize(self.next.len().div_ceil(64), 0);
     }
@@ -87,15 +111,16 @@ impl Matcher {
                     self.prefetch(*ahead);
                 }
                 let head = match self.find(*fp) {
-                    Some(s) => &mut self.heads[s],
+                    Some(s) => &mut self.slots[s].head,
                     None if *fp == 0 => &mut self.zero,
                     None => return true,
                 };
-                if *head == NONE {
+                let h = *head;
+                if h == NONE {
                     return true;
                 }
-                let row = *head as usize;
-                *head = self.next[row];
+                let row = (h & !MORE) as usize;
+                *head = if h & MORE != 0 { self.next[row] } else { NONE };
                 self.taken[row / 64] |= 1 << (row % 64);
                 cancelled += 1;
                 false
@@ -116,7 +141,7 @@ impl Matcher {
         match self.probe(fp)? {
             Ok(s) => Some(s),
             Err(empty) => {
-                self.keys[empty] = fp;
+                self.slots[empty] = Slot { lo: fp as u64, hi: (fp >> 64) as u64, head: NONE };
                 self.len += 1;
                 Some(empty)
             }
@@ -134,13 +159,14 @@ impl Matcher {
         if fp == 0 {
             return None;
         }
-        let mask = self.keys.len() - 1;
+        let mask = self.slots.len() - 1;
         let mut s = fp as u64 as usize & mask;
         loop {
-            if self.keys[s] == fp {
+            let slot = &self.slots[s];
+            if slot.holds(fp) {
                 return Some(Ok(s));
             }
-            if self.keys[s] == 0 {
+            if slot.is_empty() {
                 return Some(Err(s));
             }
             s = (s + 1) & mask;
@@ -148,13 +174,12 @@ impl Matcher {
     }
 
     fn grow(&mut self, at_least: usize) {
-        let slots = at_least.next_power_of_two().max(self.keys.len() * 2);
-        let keys = std::mem::replace(&mut self.keys, vec![0; slots]);
-        let heads = std::mem::replace(&mut self.heads, vec![NONE; slots]);
+        let n = at_least.next_power_of_two().max(self.slots.len() * 2);
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; n]);
         self.len = 0;
-        for (k, h) in keys.into_iter().zip(heads).filter(|(k, _)| *k != 0) {
-            let s = self.slot(k).expect("non-zero key");
-            self.heads[s] = h;
+        for o in old.into_iter().filter(|o| !o.is_empty()) {
+            let s = self.slot(((o.hi as u128) << 64) | o.lo as u128).expect("non-zero key");
+            self.slots[s].head = o.head;
         }
     }
 
@@ -162,12 +187,14 @@ impl Matcher {
     fn prefetch(&self, fp: u128) {
         #[cfg(target_arch = "x86_64")]
         {
-            let s = fp as u64 as usize & (self.keys.len() - 1);
-            // SAFETY: prefetching is a hint that never faults; the pointer is in bounds anyway.
+            let s = fp as u64 as usize & (self.slots.len() - 1);
+            // SAFETY: prefetching is a hint that never faults; both pointers are inside the slot anyway.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(self.keys.as_ptr().add(s) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(self.heads.as_ptr().add(s) as *const i8);
+                let p = self.slots.as_ptr().add(s) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                // a slot may straddle two cache lines
+                _mm_prefetch::<_MM_HINT_T0>(p.add(std::mem::size_of::<Slot>() - 1));
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
