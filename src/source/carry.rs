@@ -21,12 +21,14 @@
 //!
 //! [`Matcher::bytes_for`] says what the matcher of a part holds; a part also maps its matcher's rows back to their
 //! numbers (4 bytes a row).
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use std::io::{BufReader, Read, Write};
 
-use arrow_array::{BooleanArray, RecordBatch};
+use arrow_array::{Array, BooleanArray, RecordBatch};
+use arrow_data::ArrayData;
 use arrow_ipc::reader::FileReader;
 use arrow_ipc::writer::FileWriter;
 use arrow_schema::SchemaRef;
@@ -74,6 +76,8 @@ pub(crate) struct CarryOver {
     /// One part: added rows kept in memory, and where they went once the memory left by the matcher was used up.
     kept: Vec<RecordBatch>,
     kept_bytes: u64,
+    /// The buffers of `kept` already counted in `kept_bytes`.
+    kept_buffers: HashSet<usize>,
     keep_limit: u64,
     added_overflow: Option<Spill>,
     /// Several parts: each side's rows in arrival order, and per part the fingerprints of each side.
@@ -114,6 +118,7 @@ impl CarryOver {
             matcher: Matcher::with_capacity(if parts == 1 { rows_per_part } else { 0 }),
             kept: Vec::new(),
             kept_bytes: 0,
+            kept_buffers: HashSet::new(),
             // the rows kept get what the matcher leaves of the share
             keep_limit: if parts == 1 { share.saturating_sub(Matcher::bytes_for(added_upper)) } else { 0 },
             added_overflow: None,
@@ -128,7 +133,7 @@ impl CarryOver {
             return self.split(Side::Added, &batch, &fps);
         }
         self.matcher.add(&fps);
-        let bytes = batch.get_array_memory_size() as u64;
+        let bytes = unseen_bytes(&mut self.kept_buffers, &batch);
         if self.added_overflow.is_none() && self.kept_bytes + bytes <= self.keep_limit {
             self.kept_bytes += bytes;
             self.kept.push(batch);
@@ -154,7 +159,7 @@ impl CarryOver {
         if self.parts == 1 {
             for batch in std::mem::take(&mut self.kept) {
                 let keep = self.matcher.survivors(batch.num_rows());
-                emit_masked(emit, Side::Added, &batch, keep)?;
+                emit_masked(emit, Side::Added, &batch, keep, &self.schema)?;
             }
             if let Some(spill) = self.added_overflow.take() {
                 self.drain(spill, emit)?;
@@ -196,7 +201,7 @@ impl CarryOver {
                 let b = b?;
                 let keep = (at..at + b.num_rows()).map(|r| !dead.get(r)).collect();
                 at += b.num_rows();
-                emit_masked(emit, side, &b, keep)?;
+                emit_masked(emit, side, &b, keep, &self.schema)?;
             }
             self.stats.spilled_bytes += spill.bytes()?;
         }
@@ -207,7 +212,7 @@ impl CarryOver {
     fn cancel(&mut self, batch: &RecordBatch, fps: &[u128], emit: &mut Emit<'_>) -> Result<()> {
         let (keep, cancelled) = self.matcher.cancel(fps);
         self.stats.cancelled += cancelled;
-        emit_masked(emit, Side::Removed, batch, keep)
+        emit_masked(emit, Side::Removed, batch, keep, &self.schema)
     }
 
     /// Streams the added rows that overflowed to disk back (in the order they were added, which is how the matcher
@@ -216,7 +221,7 @@ impl CarryOver {
         for b in spill.read(None)? {
             let b = b?;
             let keep = self.matcher.survivors(b.num_rows());
-            emit_masked(emit, Side::Added, &b, keep)?;
+            emit_masked(emit, Side::Added, &b, keep, &self.schema)?;
         }
         self.stats.spilled_bytes += spill.bytes()?;
         Ok(())
@@ -253,12 +258,45 @@ impl CarryOver {
     }
 }
 
-fn emit_masked(emit: &mut Emit<'_>, side: Side, batch: &RecordBatch, keep: Vec<bool>) -> Result<()> {
+fn emit_masked(emit: &mut Emit<'_>, side: Side, batch: &RecordBatch, keep: Vec<bool>, schema: &SchemaRef) -> Result<()> {
     if keep.iter().all(|k| !*k) {
         return Ok(());
     }
     let b = if keep.iter().all(|k| *k) { batch.clone() } else { arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(keep))? };
-    emit(side, b)
+    emit(side, canonical(b, schema)?)
+}
+
+/// `batch` with the types of `schema`: string and binary views (how carry-over reads files without deletes) become
+/// plain strings and binaries again — only for the rows that leave carry-over, or go to a spill file, where a view
+/// would write the whole dictionary page it points into with every batch.
+fn canonical(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields().iter().zip(schema.fields()).all(|(a, b)| a.data_type() == b.data_type()) {
+        return Ok(batch);
+    }
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| if c.data_type() == f.data_type() { Ok(c.clone()) } else { arrow_cast::cast(c, f.data_type()) })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+}
+
+/// The bytes of `batch` not counted before: a buffer several batches share (the dictionary pages string views point
+/// into) counts once.
+fn unseen_bytes(seen: &mut HashSet<usize>, batch: &RecordBatch) -> u64 {
+    fn walk(d: &ArrayData, seen: &mut HashSet<usize>, total: &mut u64) {
+        let nulls = d.nulls().map(|n| n.buffer());
+        for b in d.buffers().iter().chain(nulls) {
+            if seen.insert(b.as_ptr() as usize) {
+                *total += b.capacity() as u64;
+            }
+        }
+        d.child_data().iter().for_each(|c| walk(c, seen, total));
+    }
+    let mut total = 0;
+    batch.columns().iter().for_each(|c| walk(&c.to_data(), seen, &mut total));
+    total
 }
 
 /// A bit per row of one side: the rows a removed/added match cancelled.
@@ -343,16 +381,18 @@ impl FpFile {
 struct Spill {
     tmp: tempfile::NamedTempFile,
     writer: Option<FileWriter<File>>,
+    schema: SchemaRef,
 }
 
 impl Spill {
     fn create(dir: &Path, schema: &SchemaRef) -> Result<Self> {
         let tmp = tempfile::Builder::new().prefix("cdc-carry-").suffix(".arrow").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
         let writer = FileWriter::try_new(tmp.reopen().map_err(|e| spill_error(dir, e))?, schema)?;
-        Ok(Spill { tmp, writer: Some(writer) })
+        Ok(Spill { tmp, writer: Some(writer), schema: schema.clone() })
     }
     fn write(&mut self, b: &RecordBatch) -> Result<()> {
-        self.writer.as_mut().expect("spill written before it is read").write(b)?;
+        let b = canonical(b.clone(), &self.schema)?;
+        self.writer.as_mut().expect("spill written before it is read").write(&b)?;
         Ok(())
     }
     fn bytes(&self) -> Result<u64> {
@@ -391,7 +431,17 @@ mod tests {
     }
 
     /// Runs the protocol over `removed`/`added` in batches of 100 and returns the surviving (side, id, value) rows.
-    fn run(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64) -> (Vec<(Side, i64, String)>, CarryStats) {
+    /// `views`: the (removed, added) batches arrive with their strings as views, as the reader gives them.
+    fn run_with(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64, views: (bool, bool)) -> (Vec<(Side, i64, String)>, CarryStats) {
+        let read = |rows: &[(i64, &str)], view: bool| {
+            let b = batch(rows);
+            if !view {
+                return b;
+            }
+            let s = crate::source::reader::view_types(&schema());
+            let cols = vec![b.column(0).clone(), arrow_cast::cast(b.column(1), &DataType::Utf8View).unwrap()];
+            RecordBatch::try_new(s, cols).unwrap()
+        };
         let dir = tempfile::tempdir().unwrap();
         let fp = Fingerprinter::new(&schema()).unwrap();
         let mut c = CarryOver::new(schema(), added.len() as u64, share, dir.path());
@@ -403,12 +453,12 @@ mod tests {
             Ok(())
         };
         for chunk in added.chunks(100) {
-            let b = batch(chunk);
+            let b = read(chunk, views.1);
             let fps = fp.fingerprints(&b).unwrap();
             c.add(b, fps).unwrap();
         }
         for chunk in removed.chunks(100) {
-            let b = batch(chunk);
+            let b = read(chunk, views.0);
             let fps = fp.fingerprints(&b).unwrap();
             c.remove(b, fps, &mut emit).unwrap();
         }
@@ -417,6 +467,10 @@ mod tests {
         // spill files are gone with the carry-over
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         (out, stats)
+    }
+
+    fn run(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64) -> (Vec<(Side, i64, String)>, CarryStats) {
+        run_with(removed, added, share, (false, false))
     }
 
     #[test]
@@ -456,5 +510,12 @@ mod tests {
         assert!(st.parts >= 6, "{st:?}");
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
+        // strings read as views on either side: the same pairs cancel and survivors leave as plain strings (the emit
+        // above downcasts to StringArray), in memory, overflowing and in parts
+        for share in [64 << 20, 2 * Matcher::bytes_for(3100), 2 * Matcher::bytes_for(500)] {
+            for views in [(true, true), (true, false), (false, true)] {
+                assert_eq!(run_with(&removed, &added, share, views).0, expected, "{share} {views:?}");
+            }
+        }
     }
 }

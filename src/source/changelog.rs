@@ -727,7 +727,10 @@ async fn diff_file(
     let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
-    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate)).await?);
+    // carry-over drops most rows it reads: without delete files (whose key encoding wants plain strings) its strings
+    // are read as views and only the survivors are converted back
+    let views = fingerprint && job.before.1.is_empty() && job.after.1.is_empty();
+    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
         let lb = live_mask(&sb, &batch, offset)?;

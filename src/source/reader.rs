@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_row::{RowConverter, SortField};
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileIO;
-use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::ParquetMetaData;
@@ -31,7 +31,12 @@ pub use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 pub use crate::spec::projection::field_id;
 
-async fn open(file_io: &FileIO, path: &str, gate: Option<&ReadGate>) -> Result<ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>> {
+async fn open(
+    file_io: &FileIO,
+    path: &str,
+    gate: Option<&ReadGate>,
+    views: bool,
+) -> Result<ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
     let meta = input.metadata().await.map_err(|e| {
@@ -42,11 +47,49 @@ async fn open(file_io: &FileIO, path: &str, gate: Option<&ReadGate>) -> Result<P
         }
     })?;
     let reader = ArrowFileReader::new(meta, input.reader().await.map_err(|e| err(&e))?);
-    let reader: Box<dyn AsyncFileReader> = match gate {
+    let mut reader: Box<dyn AsyncFileReader> = match gate {
         Some(gate) => Box::new(GatedReader { inner: reader, gate: gate.clone(), held: None }),
         None => Box::new(reader),
     };
-    ParquetRecordBatchStreamBuilder::new(reader).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))
+    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+        .await
+        .map_err(|e| err(&format!("not a readable Parquet file: {e}")))?;
+    let meta = if views { with_string_views(meta) } else { meta };
+    Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta))
+}
+
+/// The file's top-level strings and binaries decoded as views ([`view_types`]); the plain types when the reader
+/// refuses the hint.
+fn with_string_views(meta: ArrowReaderMetadata) -> ArrowReaderMetadata {
+    let schema = view_types(meta.schema());
+    if Arc::ptr_eq(&schema, meta.schema()) {
+        return meta;
+    }
+    ArrowReaderMetadata::try_new(meta.metadata().clone(), ArrowReaderOptions::new().with_schema(schema)).unwrap_or(meta)
+}
+
+/// `schema` with its top-level `Utf8` and `Binary` columns as `Utf8View` and `BinaryView` (the same Arc when it has
+/// none). Decoding views copies no string out of a dictionary page — a third of the decoding time of a string-heavy
+/// table — so the copy-on-write carry-over, which drops most rows it reads, reads them so and converts only the
+/// survivors back ([`super::carry`]).
+pub(crate) fn view_types(schema: &SchemaRef) -> SchemaRef {
+    let view = |dt: &DataType| match dt {
+        DataType::Utf8 => Some(DataType::Utf8View),
+        DataType::Binary => Some(DataType::BinaryView),
+        _ => None,
+    };
+    if !schema.fields().iter().any(|f| view(f.data_type()).is_some()) {
+        return schema.clone();
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match view(f.data_type()) {
+            Some(dt) => f.as_ref().clone().with_data_type(dt),
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 /// Bounds the bytes that concurrent Parquet readers hold. A reader fetches the column chunks of a whole row group
@@ -108,14 +151,22 @@ impl<R: AsyncFileReader> AsyncFileReader for GatedReader<R> {
 }
 
 /// Streams the rows of a Parquet data file, projected by field id onto `target`, in file order (so the n-th row
-/// overall is at position n); its row-group fetches pass `gate` when one is given.
+/// overall is at position n); its row-group fetches pass `gate` when one is given. With `views`, top-level strings
+/// and binaries come back as views ([`view_types`]).
 pub async fn read_data_file(
     file_io: &FileIO,
     path: &str,
     target: SchemaRef,
     gate: Option<&ReadGate>,
+    views: bool,
 ) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
-    let builder = open(file_io, path, gate).await?;
+    let builder = open(file_io, path, gate, views).await?;
+    // with views, top-level strings stay views through the projection (it would cast them back otherwise)
+    let target = if views && builder.schema().fields().iter().any(|f| matches!(f.data_type(), DataType::Utf8View | DataType::BinaryView)) {
+        view_types(&target)
+    } else {
+        target
+    };
     let file_schema = builder.schema().clone();
     let wanted: HashSet<i32> = target.fields().iter().filter_map(|f| field_id(f)).collect();
     let names: HashSet<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
@@ -149,7 +200,7 @@ pub use crate::spec::projection::relax;
 
 /// A v2 position-delete file: deleted positions per data file path.
 pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashMap<String, RoaringTreemap>> {
-    let builder = open(file_io, path, None).await?;
+    let builder = open(file_io, path, None, false).await?;
     let schema = builder.schema().clone();
     let find = |id: i32, name: &str| {
         schema
@@ -232,7 +283,7 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
     // equality deletes are held whole anyway (their keys), and read once per cached file: not gated
-    let mut stream = Box::pin(read_data_file(file_io, path, key_schema, None).await?);
+    let mut stream = Box::pin(read_data_file(file_io, path, key_schema, None, false).await?);
     while let Some(b) = stream.try_next().await? {
         let rows = conv.convert_columns(b.columns())?;
         for r in rows.iter() {
