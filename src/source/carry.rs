@@ -127,6 +127,11 @@ impl CarryOver {
         }
     }
 
+    /// Fingerprint parts: 1 when the group is matched in memory.
+    pub(crate) fn parts(&self) -> u64 {
+        self.parts
+    }
+
     /// An added row batch with its fingerprints (all adds come before the first remove).
     pub(crate) fn add(&mut self, batch: RecordBatch, fps: Vec<u128>) -> Result<()> {
         if self.parts > 1 {

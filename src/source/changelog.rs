@@ -272,7 +272,7 @@ impl<'a> ChangelogScan<'a> {
             stats.carry = carry;
             totals
         } else {
-            let read = ReadSpec { schema: &data_schema, schema_id, fingerprint: false };
+            let read = ReadSpec { schema: &data_schema, schema_id, fingerprint: false, views: false };
             self.push_rows(snapshot, jobs, &read, self.opts.concurrency, &mut |rows| netter.push(rows.side, rows.batch)).await?
         };
         (stats.files_read, stats.rows_read, stats.bytes_read) = totals;
@@ -320,10 +320,13 @@ impl<'a> ChangelogScan<'a> {
 
 /// What a read decodes: the schema (its id keys equality-delete converters) and whether rows come with their
 /// fingerprints.
+#[derive(Clone, Copy)]
 struct ReadSpec<'s> {
     schema: &'s SchemaRef,
     schema_id: i32,
     fingerprint: bool,
+    /// Top-level strings as views where the file has no deletes (see `diff_file`).
+    views: bool,
 }
 
 /// One data file to read, with the deletes of the state before and after.
@@ -366,7 +369,8 @@ impl ChangelogScan<'_> {
     /// Reads the files concurrently (each its own task, so decoding — and fingerprinting when `fingerprint` — runs
     /// on all cores, at most `concurrency` at once); rows they lose/gain arrive on the channel, the first error too.
     /// The handle yields (files, rows, bytes).
-    fn read_files(&self, jobs: Vec<FileJob>, schema: SchemaRef, schema_id: i32, fingerprint: bool, concurrency: usize) -> (RowsRx, ReadTotals) {
+    fn read_files(&self, jobs: Vec<FileJob>, read: &ReadSpec<'_>, concurrency: usize) -> (RowsRx, ReadTotals) {
+        let (schema, schema_id, fingerprint, views) = (read.schema.clone(), read.schema_id, read.fingerprint, read.views);
         let concurrency = concurrency.max(1);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileRows>>(concurrency * 2);
         let shared = Arc::new(FileReads { file_io: self.table.file_io().clone(), cache: self.cache.clone(), gate: self.gate.clone() });
@@ -376,7 +380,7 @@ impl ChangelogScan<'_> {
                 let (shared, tx, schema) = (shared.clone(), tx.clone(), schema.clone());
                 async move {
                     let f = job.file.clone();
-                    match diff_file(&shared, job, schema, schema_id, fingerprint, &tx).await {
+                    match diff_file(&shared, job, schema, schema_id, fingerprint, views, &tx).await {
                         Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
@@ -425,7 +429,7 @@ impl ChangelogScan<'_> {
         concurrency: usize,
         push: &mut dyn FnMut(FileRows) -> Result<()>,
     ) -> Result<(u64, u64, u64)> {
-        let (mut rx, driver) = self.read_files(jobs, read.schema.clone(), read.schema_id, read.fingerprint, concurrency);
+        let (mut rx, driver) = self.read_files(jobs, read, concurrency);
         let mut failed = None;
         while let Some(item) = rx.recv().await {
             if let Err(e) = item.and_then(&mut *push) {
@@ -464,7 +468,7 @@ impl ChangelogScan<'_> {
         tracing::debug!(groups = groups.len(), concurrent = k, "carry-over groups");
         let share = (share_of(self.opts.memory_budget, CARRY_SHARE) / k as u64).max(1);
         let reads = (self.opts.concurrency / k).max(1);
-        let read = ReadSpec { schema, schema_id, fingerprint: true };
+        let read = ReadSpec { schema, schema_id, fingerprint: true, views: false };
         let netter = std::cell::RefCell::new(netter);
         let done: Vec<((u64, u64, u64), CarryStats)> =
             futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &netter)))
@@ -495,6 +499,9 @@ impl ChangelogScan<'_> {
         let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
         let mut carry = CarryOver::new(read.schema.clone(), added_upper, share, &self.opts.spill_dir);
+        // a group held in memory drops most rows it reads: its strings are read as views and only the survivors
+        // converted back; a group in parts spills every row, converted first, so views would only add a copy
+        let read = &ReadSpec { views: carry.parts() == 1, ..*read };
         let mut emit = |side: Side, b: RecordBatch| netter.borrow_mut().push(side, b);
         let a = self
             .push_rows(snapshot, adders, read, concurrency, &mut |rows| match rows.side {
@@ -528,7 +535,8 @@ impl ChangelogScan<'_> {
                 FileJob { file: f, before: (false, Vec::new()), after: (true, after) }
             })
             .collect();
-        let (mut rx, driver) = self.read_files(jobs, data_schema, schema.schema_id(), false, self.opts.concurrency);
+        let read = ReadSpec { schema: &data_schema, schema_id: schema.schema_id(), fingerprint: false, views: false };
+        let (mut rx, driver) = self.read_files(jobs, &read, self.opts.concurrency);
         let commit = CommitInfo {
             snapshot_id: snapshot.snapshot_id(),
             sequence_number: snapshot.sequence_number(),
@@ -720,6 +728,7 @@ async fn diff_file(
     schema: SchemaRef,
     schema_id: i32,
     fingerprint: bool,
+    views: bool,
     tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
 ) -> Result<u64> {
     let f = job.file.as_ref();
@@ -727,9 +736,8 @@ async fn diff_file(
     let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
-    // carry-over drops most rows it reads: without delete files (whose key encoding wants plain strings) its strings
-    // are read as views and only the survivors are converted back
-    let views = fingerprint && job.before.1.is_empty() && job.after.1.is_empty();
+    // without delete files (whose key encoding wants plain strings)
+    let views = views && job.before.1.is_empty() && job.after.1.is_empty();
     let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
