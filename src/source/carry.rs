@@ -109,13 +109,20 @@ impl CarryOver {
         let parts = Self::parts_for(added_upper, share);
         let rows_per_part = added_upper.div_ceil(parts) as usize;
         let side = || SideSpill { rows: None, count: 0, parts: (0..parts).map(|_| None).collect() };
+        // several parts: each part's matcher is sized when the part is handled
+        let first = if parts == 1 { rows_per_part } else { 0 };
         CarryOver {
             schema,
             spill_dir: spill_dir.to_path_buf(),
             parts,
             rows_per_part,
-            // several parts: each part's matcher is built when the part is handled
-            matcher: Matcher::reuse(recycled, if parts == 1 { rows_per_part } else { 0 }),
+            matcher: match recycled {
+                Some(mut m) => {
+                    m.reset(first);
+                    m
+                }
+                None => Matcher::with_capacity(first),
+            },
             kept: Vec::new(),
             kept_bytes: 0,
             kept_buffers: HashSet::new(),
@@ -189,7 +196,7 @@ impl CarryOver {
         for (a, r) in added.parts.into_iter().zip(removed.parts) {
             self.stats.spilled_bytes += a.as_ref().map_or(0, |f| f.bytes) + r.as_ref().map_or(0, |f| f.bytes);
             // sized up front: growing a part's table would rehash it several times
-            self.matcher = Matcher::reuse(Some(std::mem::replace(&mut self.matcher, Matcher::with_capacity(0))), self.rows_per_part);
+            self.matcher.reset(self.rows_per_part);
             numbers.clear();
             if let Some(mut a) = a {
                 a.for_each(|fps, rows| {
@@ -208,7 +215,6 @@ impl CarryOver {
             let keep = self.matcher.survivors(numbers.len());
             numbers.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead[1].set(*row));
         }
-        let matcher = std::mem::replace(&mut self.matcher, Matcher::with_capacity(0));
         // then each side's rows once, in the order they were spilled
         for (side, spill, dead) in [(Side::Removed, removed.rows, &dead[0]), (Side::Added, added.rows, &dead[1])] {
             let Some(mut spill) = spill else { continue };
@@ -221,7 +227,7 @@ impl CarryOver {
             }
             self.stats.spilled_bytes += spill.bytes()?;
         }
-        Ok(Finished { stats: self.stats, matcher })
+        Ok(Finished { stats: self.stats, matcher: self.matcher })
     }
 
     /// Emits the removed rows of `batch` that no added row cancels.

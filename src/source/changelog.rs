@@ -527,9 +527,8 @@ impl ChangelogScan<'_> {
         let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == 1, ..*read };
         let (schema, spill_dir) = (read.schema.clone(), self.opts.spill_dir.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel::<GroupRows>(2);
-        let netter = netter.clone();
+        let (netter, pool) = (netter.clone(), self.matchers.clone());
         // Ok(None): the feed stopped early (a read failed; its error is the one reported)
-        let pool = self.matchers.clone();
         let worker = tokio::spawn(async move {
             // built here: sizing a large matcher writes every page of its table
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
@@ -554,17 +553,13 @@ impl ChangelogScan<'_> {
             }
             Ok::<_, Error>(None)
         });
+        let send = async |msg: GroupRows| tx.send(msg).await.map_err(|_| Error::Internal("the carry-over worker stopped".into()));
         // every added row before the first removed one: the carry-over protocol
-        let feed = async |want: Side, rows: FileRows| {
-            if rows.side != want {
-                return Ok(());
-            }
-            tx.send(GroupRows::Rows(rows)).await.map_err(|_| Error::Internal("the carry-over worker stopped".into()))
-        };
+        let feed = async |want: Side, rows: FileRows| if rows.side == want { send(GroupRows::Rows(rows)).await } else { Ok(()) };
         let fed = async {
             let a = self.push_rows(snapshot, adders, read, concurrency, async |rows| feed(Side::Added, rows).await).await?;
             let r = self.push_rows(snapshot, removers, read, concurrency, async |rows| feed(Side::Removed, rows).await).await?;
-            tx.send(GroupRows::Done).await.map_err(|_| Error::Internal("the carry-over worker stopped".into()))?;
+            send(GroupRows::Done).await?;
             Ok::<_, Error>((a, r))
         }
         .await;

@@ -73,17 +73,15 @@ impl Matcher {
         }
     }
 
-    /// A matcher sized for `rows`, in `old`'s memory when given (no fresh pages to fault in).
-    pub(crate) fn reuse(old: Option<Matcher>, rows: usize) -> Self {
-        let Some(mut m) = old else { return Self::with_capacity(rows) };
-        m.slots.clear();
-        m.slots.resize(slots_for(rows), EMPTY);
-        m.next.clear();
-        m.next.reserve(rows);
-        m.taken.clear();
-        m.taken.reserve(rows.div_ceil(64));
-        (m.zero, m.len, m.replayed) = (NONE, 0, 0);
-        m
+    /// Empties the matcher and sizes it for `rows`, in the memory it has (no fresh pages to fault in).
+    pub(crate) fn reset(&mut self, rows: usize) {
+        self.slots.clear();
+        self.slots.resize(slots_for(rows), EMPTY);
+        self.next.clear();
+        self.next.reserve(rows);
+        self.taken.clear();
+        self.taken.reserve(rows.div_ceil(64));
+        (self.zero, self.len, self.replayed) = (NONE, 0, 0);
     }
 
     /// The bytes a matcher sized for `rows` holds once it has them (table slots, a `next` link and a bit per row).
@@ -238,7 +236,8 @@ mod tests {
         old.add(&added[..2000]);
         old.cancel(&removed);
         old.survivors(100);
-        let mut m = Matcher::reuse(Some(old), 10); // grows
+        old.reset(10);
+        let mut m = old; // grows
         for chunk in added.chunks(333) {
             m.add(chunk);
         }
