@@ -9,9 +9,38 @@ echo "== format + lints" >&2
 cargo fmt --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; exit 1; }
 cargo clippy --all-targets --locked -- -D warnings || { echo "cargo clippy failed" >&2; exit 1; }
 
+# A hung test must fail the run, showing where it hung, long before CI's own limit: past the deadline the thread
+# stacks of every test process and cdc child still running go to stderr (gdb, where installed), then all of it is
+# killed.
+with_deadline() {
+  local secs=$1; shift
+  # a session of its own: the deadline kills the command with everything it started
+  setsid "$@" &
+  local pid=$!
+  (
+    sleep "$secs" </dev/null >/dev/null 2>&1 # holds no pipe of CI's open when the dog is called off
+    kill -0 "$pid" 2>/dev/null || exit 0
+    echo "still running after ${secs}s: $*; thread stacks of the test processes follow" >&2
+    for p in $(pgrep -f "$PWD/target/debug/(deps/|cdc)"); do
+      echo "--- pid $p: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-200)" >&2
+      gdb -p "$p" -batch -ex "thread apply all bt" 2>/dev/null | grep -E "^(Thread|#)" | cut -c1-240 >&2 || true
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  ) &
+  local dog=$!
+  local rc=0
+  wait "$pid" || rc=$?
+  kill "$dog" 2>/dev/null || true
+  return "$rc"
+}
+
 echo "== unit + CLI tests" >&2
-cargo test --locked 2>&1 | tee .ci-cargo-test.log | grep -E "^(test result|running|error|failures:|---- )" || true
-if grep -qE "test result: FAILED|error(\[E[0-9]+\])?:" .ci-cargo-test.log || ! grep -q "test result: ok" .ci-cargo-test.log; then
+# built first, so that the deadline covers running the tests only
+cargo test --locked --no-run 2>&1 | tail -3 || true
+rc=0
+with_deadline 900 bash -c 'cargo test --locked > .ci-cargo-test.log 2>&1' || rc=$?
+grep -E "^(test result|running|error|failures:|---- )" .ci-cargo-test.log || true
+if [ "$rc" -ne 0 ] || grep -qE "test result: FAILED|error(\[E[0-9]+\])?:" .ci-cargo-test.log || ! grep -q "test result: ok" .ci-cargo-test.log; then
   cat .ci-cargo-test.log >&2; echo "cargo test failed" >&2; exit 1
 fi
 rm -f .ci-cargo-test.log
@@ -23,10 +52,9 @@ export PEERS_DIR CDC_BIN="$PWD/target/debug/cdc" TZ=UTC
 
 echo "== peer tests (Spark 3.5 + Iceberg 1.10)" >&2
 log=$(mktemp)
-set +e
-"$PEERS_DIR/venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/peers "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
+rc=0
+with_deadline 2100 "$PEERS_DIR/venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/peers "$@" > "$log" 2>&1 || rc=$?
+cat "$log"
 if [ "$rc" -ne 0 ]; then echo "peer tests failed" >&2; exit "$rc"; fi
 # A peer that is missing must fail the run, never skip it.
 if grep -qiE "[0-9]+ skipped" "$log"; then echo "peer tests were skipped: treat as failure" >&2; exit 1; fi

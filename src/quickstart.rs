@@ -160,12 +160,30 @@ async fn follow(catalog: &Catalog, table: Table) -> Result<()> {
     Ok(())
 }
 
+/// How long one scan of the tiny replica may take before it counts as stalled.
+const SCAN_STALL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A table's live rows as `id customer amount`, ordered by id.
+///
+/// Read with iceberg-rust's scan, which applies the equality deletes the replica is made of. iceberg-rust 0.10 can
+/// lose the wakeup of a scan task waiting for an equality-delete file being loaded (it checks the loading state,
+/// then waits on a `Notify` that may already have fired; apache/iceberg-rust#2630 is a second race of that kind),
+/// and the scan never ends: a stalled scan is dropped and started again.
 async fn rows(table: &Table) -> Result<Vec<String>> {
     use futures::TryStreamExt;
     let Some(id) = table.metadata().current_snapshot_id() else { return Ok(Vec::new()) };
+    let mut read = None;
+    for _ in 0..3 {
+        let scan =
+            async { table.scan().snapshot_id(id).select(["id", "customer", "amount"]).build()?.to_arrow().await?.try_collect::<Vec<_>>().await };
+        if let Ok(r) = tokio::time::timeout(SCAN_STALL, scan).await {
+            read = Some(r);
+            break;
+        }
+        tracing::warn!(table = %table.identifier(), "iceberg-rust's scan stalled; scanning again");
+    }
     let batches: Vec<RecordBatch> =
-        table.scan().snapshot_id(id).select(["id", "customer", "amount"]).build()?.to_arrow().await?.try_collect().await?;
+        read.ok_or_else(|| Error::Internal(format!("iceberg-rust's scan of {} stalled three times", table.identifier())))??;
     let mut out = Vec::new();
     for b in batches {
         let ids = b.column(0).as_any().downcast_ref::<Int64Array>().ok_or_else(|| Error::Internal("id column".into()))?;

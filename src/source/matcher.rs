@@ -73,6 +73,17 @@ impl Matcher {
         }
     }
 
+    /// Empties the matcher and sizes it for `rows`, in the memory it has (no fresh pages to fault in).
+    pub(crate) fn reset(&mut self, rows: usize) {
+        self.slots.clear();
+        self.slots.resize(slots_for(rows), EMPTY);
+        self.next.clear();
+        self.next.reserve(rows);
+        self.taken.clear();
+        self.taken.reserve(rows.div_ceil(64));
+        (self.zero, self.len, self.replayed) = (NONE, 0, 0);
+    }
+
     /// The bytes a matcher sized for `rows` holds once it has them (table slots, a `next` link and a bit per row).
     pub(crate) fn bytes_for(rows: u64) -> u64 {
         slots_for(rows as usize) as u64 * SLOT_BYTES + rows * 4 + rows.div_ceil(8)
@@ -220,7 +231,13 @@ mod tests {
         added.extend((1..50u128).map(|i| (i << 64) | 42));
         let removed: Vec<u128> = added.iter().step_by(3).copied().chain([7, 7, 7, 7, 0, 0, 0, 42, 99 << 64 | 42, 12345]).collect();
 
-        let mut m = Matcher::with_capacity(10); // grows
+        // a matcher another group used (rows added, taken, replayed), reused: nothing of its state may leak
+        let mut old = Matcher::with_capacity(10_000);
+        old.add(&added[..2000]);
+        old.cancel(&removed);
+        old.survivors(100);
+        old.reset(10);
+        let mut m = old; // grows
         for chunk in added.chunks(333) {
             m.add(chunk);
         }
