@@ -160,30 +160,40 @@ async fn follow(catalog: &Catalog, table: Table) -> Result<()> {
     Ok(())
 }
 
-/// How long one scan of the tiny replica may take before it counts as stalled.
-const SCAN_STALL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long one iceberg-rust scan of a small table may take before it counts as stalled.
+const SCAN_STALL: std::time::Duration = std::time::Duration::from_secs(20);
+/// Scans tried before a stall is an error.
+const SCAN_ATTEMPTS: u32 = 3;
+
+/// The rows of `table` at `snapshot_id` (the `columns` given, or all), read with iceberg-rust's scan, which applies
+/// equality and position deletes: an independent reader of what `cdc` wrote, for the quickstart and the tests.
+///
+/// iceberg-rust 0.10 can lose the wakeup of a scan task waiting for a delete file another task is loading (it reads
+/// the loading state, then waits on a `Notify` that may already have fired; apache/iceberg-rust#2630 is a second
+/// race of that kind), and the scan never ends: a scan stalled for [`SCAN_STALL`] is dropped and started again.
+pub async fn scan_snapshot(table: &Table, snapshot_id: i64, columns: Option<&[&str]>) -> Result<Vec<RecordBatch>> {
+    use futures::TryStreamExt;
+    for _ in 0..SCAN_ATTEMPTS {
+        let scan = async {
+            let b = table.scan().snapshot_id(snapshot_id);
+            let b = match columns {
+                Some(c) => b.select(c.iter().copied()),
+                None => b.select_all(),
+            };
+            b.build()?.to_arrow().await?.try_collect::<Vec<_>>().await
+        };
+        if let Ok(read) = tokio::time::timeout(SCAN_STALL, scan).await {
+            return Ok(read?);
+        }
+        tracing::warn!(table = %table.identifier(), stalled = ?SCAN_STALL, "iceberg-rust's scan stalled; scanning again");
+    }
+    Err(Error::Internal(format!("iceberg-rust's scan of {} stalled {SCAN_ATTEMPTS} times in a row", table.identifier())))
+}
 
 /// A table's live rows as `id customer amount`, ordered by id.
-///
-/// Read with iceberg-rust's scan, which applies the equality deletes the replica is made of. iceberg-rust 0.10 can
-/// lose the wakeup of a scan task waiting for an equality-delete file being loaded (it checks the loading state,
-/// then waits on a `Notify` that may already have fired; apache/iceberg-rust#2630 is a second race of that kind),
-/// and the scan never ends: a stalled scan is dropped and started again.
 async fn rows(table: &Table) -> Result<Vec<String>> {
-    use futures::TryStreamExt;
     let Some(id) = table.metadata().current_snapshot_id() else { return Ok(Vec::new()) };
-    let mut read = None;
-    for _ in 0..3 {
-        let scan =
-            async { table.scan().snapshot_id(id).select(["id", "customer", "amount"]).build()?.to_arrow().await?.try_collect::<Vec<_>>().await };
-        if let Ok(r) = tokio::time::timeout(SCAN_STALL, scan).await {
-            read = Some(r);
-            break;
-        }
-        tracing::warn!(table = %table.identifier(), "iceberg-rust's scan stalled; scanning again");
-    }
-    let batches: Vec<RecordBatch> =
-        read.ok_or_else(|| Error::Internal(format!("iceberg-rust's scan of {} stalled three times", table.identifier())))??;
+    let batches = scan_snapshot(table, id, Some(&["id", "customer", "amount"])).await?;
     let mut out = Vec::new();
     for b in batches {
         let ids = b.column(0).as_any().downcast_ref::<Int64Array>().ok_or_else(|| Error::Internal("id column".into()))?;

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use futures::TryStreamExt;
 use iceberg::table::Table;
 use iceberg_cdc::catalog::Catalog;
 use iceberg_cdc::config::Config;
@@ -41,24 +40,11 @@ fn sql_config(warehouse: &Path, extra_source: &str, engine: &str) -> String {
     )
 }
 
-/// Rows of `table` at `snapshot` as canonical JSON strings, read by iceberg-rust's scan (which applies equality deletes).
-///
-/// iceberg-rust 0.10 can lose the wakeup of a scan task that waits for an equality-delete file being loaded (it
-/// reads the loading state, then waits on a `Notify` that may already have fired; apache/iceberg-rust#2630 is a
-/// second such race): a scan then never ends. One hung this suite in CI. A scan that stalls is abandoned and run
-/// again; three stalls in a row fail the test.
+/// Rows of `table` at `snapshot` as canonical JSON strings, read by iceberg-rust's scan (which applies equality
+/// deletes; `scan_snapshot` retries the scans that iceberg-rust 0.10 leaves hanging).
 async fn scan_rows(table: &Table, snapshot: Option<i64>) -> Vec<String> {
     let Some(id) = snapshot else { return Vec::new() };
-    let mut batches = None;
-    for _ in 0..3 {
-        let read = async { table.scan().snapshot_id(id).select_all().build().unwrap().to_arrow().await.unwrap().try_collect::<Vec<_>>().await };
-        if let Ok(b) = tokio::time::timeout(std::time::Duration::from_secs(20), read).await {
-            batches = Some(b.unwrap());
-            break;
-        }
-        eprintln!("iceberg-rust's scan of {} stalled for 20 s (a lost wakeup in its equality-delete loading); scanning again", table.identifier());
-    }
-    let batches = batches.expect("iceberg-rust's scan stalled three times in a row");
+    let batches = quickstart::scan_snapshot(table, id, None).await.unwrap();
     let mut rows = Vec::new();
     for b in batches {
         let schema = b.schema();
@@ -882,7 +868,7 @@ async fn wait_caught_up(target_wh: &Path, table: &str, catalog: &Catalog, secs: 
 
 /// Waits for a service that was told to stop; one that is still running after `secs` is a hang: its thread
 /// stacks (gdb, where installed) go into the panic message, so a CI log shows where it stuck, and it is killed.
-fn wait_exit(child: &mut std::process::Child, secs: u64, log: &str) -> std::process::ExitStatus {
+fn wait_exit(child: &mut std::process::Child, secs: u64, log: impl Fn() -> String) -> std::process::ExitStatus {
     if wait_until(secs, || child.try_wait().unwrap().is_some()) {
         return child.wait().unwrap();
     }
@@ -894,7 +880,7 @@ fn wait_exit(child: &mut std::process::Child, secs: u64, log: &str) -> std::proc
         .unwrap_or_else(|e| format!("(no stacks: gdb: {e})"));
     let _ = child.kill();
     let _ = child.wait();
-    panic!("cdc run (pid {pid}) did not exit {secs} s after it was told to stop.\n--- log ---\n{log}\n--- stacks ---\n{stacks}");
+    panic!("cdc run (pid {pid}) did not exit {secs} s after it was told to stop.\n--- log ---\n{}\n--- stacks ---\n{stacks}", log());
 }
 
 fn signal(child: &std::process::Child, sig: i32) {
@@ -983,7 +969,7 @@ async fn service_follows_reloads_reports_and_stops() {
 
     signal(&child, libc::SIGTERM);
     // the shutdown timeout is 10 s
-    assert!(wait_exit(&mut child, 15, &log()).success(), "{}", log());
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
     assert!(notify.wait_for("STOPPING=1", 1));
 }
 
@@ -1022,7 +1008,7 @@ async fn service_survives_sigkill_mid_stream() {
         .unwrap();
     let ok = wait_caught_up(&tw, "replica.orders", &catalog, 60).await;
     signal(&child, libc::SIGTERM);
-    wait_exit(&mut child, 15, "(stderr not kept)");
+    wait_exit(&mut child, 15, || "(stderr not kept)".into());
     assert!(ok, "the target did not catch up after the kills");
     assert_applied_once(&tw, "replica.orders", &t, "after the kills");
 }
@@ -1086,7 +1072,7 @@ async fn two_services_on_one_pipeline_apply_each_range_once() {
     }
     let logs = || std::fs::read_to_string(dir.path().join("a.log")).unwrap() + &std::fs::read_to_string(dir.path().join("b.log")).unwrap();
     for mut c in [a, b] {
-        assert!(wait_exit(&mut c, 15, &logs()).success(), "{}", logs());
+        assert!(wait_exit(&mut c, 15, logs).success(), "{}", logs());
     }
     let logs = logs();
     assert!(ok, "the target did not catch up: {logs}");
