@@ -55,8 +55,14 @@ transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 PROPS
-    java -cp "$lib/*" kafka.tools.StorageTool format -t "$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22])')" \
-      -c "$dir/server.properties" --ignore-formatted >"$dir/format.log" 2>&1
+    # a random cluster id (16 bytes, url-safe base64); one that starts with "-" would parse as an option (1 in 64)
+    cluster=$(python3 -c 'import base64,uuid
+while True:
+    c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
+    if not c.startswith("-"):
+        print(c); break')
+    java -cp "$lib/*" kafka.tools.StorageTool format -t "$cluster" -c "$dir/server.properties" --ignore-formatted >"$dir/format.log" 2>&1 ||
+      { cat "$dir/format.log" >&2; echo "kafka: formatting the storage failed" >&2; exit 1; }
   fi
   port=$(sed -n 's/^listeners=PLAINTEXT:\/\/127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/server.properties")
   nohup java -Xmx768m -cp "$lib/*" kafka.Kafka "$dir/server.properties" >"$dir/server.log" 2>&1 &
