@@ -391,7 +391,7 @@ impl ChangelogScan<'_> {
                 async move {
                     let f = job.file.clone();
                     match diff_file(&shared, job, schema, schema_id, fingerprint, views, &tx).await {
-                        Ok(rows) => Ok((rows, f.file.file_size_in_bytes())),
+                        Ok(read) => Ok((read.rows, read.bytes)),
                         Err(e) => {
                             // the receiver reports the first error; the driver only needs to stop
                             let _ = tx.send(Err(e)).await;
@@ -749,14 +749,31 @@ async fn load_state(
     Ok(st)
 }
 
-/// Live mask of one batch starting at row `offset` of the file.
-fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<bool>> {
+/// Where the rows of a batch sit in their file.
+#[derive(Clone, Copy)]
+enum At<'a> {
+    /// Consecutive rows from this position on (a whole-file read).
+    From(u64),
+    /// These positions, one per row (a read of selected rows).
+    Positions(&'a [u64]),
+}
+
+impl At<'_> {
+    fn position(&self, i: usize) -> u64 {
+        match self {
+            At::From(offset) => offset + i as u64,
+            At::Positions(p) => p[i],
+        }
+    }
+}
+
+/// Live mask of one batch whose rows sit at `at` in the file.
+fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<bool>> {
     let n = batch.num_rows();
     if !st.exists {
         return Ok(vec![false; n]);
     }
-    let mut live: Vec<bool> =
-        if st.positions.is_empty() { vec![true; n] } else { (0..n as u64).map(|i| !st.positions.contains(offset + i)).collect() };
+    let mut live: Vec<bool> = if st.positions.is_empty() { vec![true; n] } else { (0..n).map(|i| !st.positions.contains(at.position(i))).collect() };
     for (eq, conv, idx) in &st.eq {
         let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
         let rows = conv.convert_columns(&cols)?;
@@ -767,6 +784,19 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, offset: u64) -> Result<Vec<
         }
     }
     Ok(live)
+}
+
+/// The positions whose rows can change, when nothing but position deletes (files or DVs) differs between the two
+/// states of a file that is in both: exactly the positions deleted in one state and not in the other. `None` when
+/// the file is added or removed, or its equality deletes differ (those can change rows anywhere in it).
+fn positional_change(job: &FileJob, before: &StateDeletes, after: &StateDeletes) -> Option<RoaringTreemap> {
+    if !(before.exists && after.exists) {
+        return None;
+    }
+    let eq = |deletes: &[Arc<FileEntry>]| -> HashSet<String> {
+        deletes.iter().filter(|d| d.file.content_type() == DataContentType::EqualityDeletes).map(|d| d.path().to_string()).collect()
+    };
+    (eq(&job.before.1) == eq(&job.after.1)).then(|| &before.positions ^ &after.positions)
 }
 
 /// What a carry-over group's worker receives: rows in the protocol's order, then the end.
@@ -791,7 +821,14 @@ struct FileReads {
     gate: reader::ReadGate,
 }
 
-/// Streams one data file and sends the rows it loses and gains. Returns rows read.
+/// What reading one data file cost.
+struct FileRead {
+    rows: u64,
+    bytes: u64,
+}
+
+/// Streams one data file and sends the rows it loses and gains. When only position deletes changed, only the rows
+/// at the changed positions are read ([`reader::read_rows_at`]); otherwise the whole file is.
 async fn diff_file(
     shared: &FileReads,
     job: FileJob,
@@ -800,20 +837,67 @@ async fn diff_file(
     fingerprint: bool,
     views: bool,
     tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
-) -> Result<u64> {
+) -> Result<FileRead> {
     let f = job.file.as_ref();
     let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
     let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
+    let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
+    if let Some(changed) = positional_change(&job, &sb, &sa) {
+        if changed.is_empty() {
+            return Ok(FileRead { rows: 0, bytes: 0 });
+        }
+        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), &changed).await?;
+        if read.rows_in_file != f.file.record_count() {
+            return Err(Error::data(f.path(), format!("file has {} rows but its manifest entry says {}", read.rows_in_file, f.file.record_count())));
+        }
+        let mut stream = Box::pin(read.stream);
+        let mut positions = changed.iter().take_while(|p| *p < read.rows_in_file);
+        let mut rows = 0u64;
+        while let Some(batch) = stream.try_next().await? {
+            let at: Vec<u64> = positions.by_ref().take(batch.num_rows()).collect();
+            if at.len() != batch.num_rows() {
+                return Err(Error::data(f.path(), "the reader returned more rows than positions were selected"));
+            }
+            rows += at.len() as u64;
+            if !states.send(&batch, At::Positions(&at), tx).await? {
+                break;
+            }
+        }
+        return Ok(FileRead { rows, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) });
+    }
     // without delete files (whose key encoding wants plain strings)
     let views = views && job.before.1.is_empty() && job.after.1.is_empty();
     let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
-        let lb = live_mask(&sb, &batch, offset)?;
-        let la = live_mask(&sa, &batch, offset)?;
+        let at = At::From(offset);
         offset += batch.num_rows() as u64;
+        if !states.send(&batch, at, tx).await? {
+            return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
+            // receiver gone: the scan failed elsewhere
+        }
+    }
+    if offset != f.file.record_count() {
+        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
+    }
+    Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
+}
+
+/// The two states of one file, and the fingerprinter when the read wants fingerprints.
+struct States<'a> {
+    before: &'a StateDeletes,
+    after: &'a StateDeletes,
+    fp: Option<&'a Fingerprinter>,
+}
+
+impl States<'_> {
+    /// Sends the rows of `batch` (at `at` in the file) that are live before and not after (removed), and after and not
+    /// before (added). `false` when the receiver is gone (the scan failed elsewhere).
+    async fn send(&self, batch: &RecordBatch, at: At<'_>, tx: &tokio::sync::mpsc::Sender<Result<FileRows>>) -> Result<bool> {
+        let lb = live_mask(self.before, batch, at)?;
+        let la = live_mask(self.after, batch, at)?;
         for (side, mask) in [
             (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
             (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
@@ -823,17 +907,14 @@ async fn diff_file(
                 let batch = if mask.iter().all(|m| *m) {
                     batch.clone()
                 } else {
-                    arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(mask))?
+                    arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(mask))?
                 };
-                let fps = fp.as_ref().map(|f| f.fingerprints(&batch)).transpose()?;
+                let fps = self.fp.map(|f| f.fingerprints(&batch)).transpose()?;
                 if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
-                    return Ok(offset); // receiver gone: the scan failed elsewhere
+                    return Ok(false);
                 }
             }
         }
+        Ok(true)
     }
-    if offset != f.file.record_count() {
-        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
-    }
-    Ok(offset)
 }

@@ -4,6 +4,7 @@
 //! name only for files written without ids), promoted types are cast, and columns the file does not have come back
 //! null. That is how rows of older files appear in a newer schema.
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
@@ -14,10 +15,10 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileIO;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use roaring::RoaringTreemap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -31,11 +32,20 @@ pub use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 pub use crate::spec::projection::field_id;
 
+/// How a data file is opened: its row-group fetches pass `gate` when one is given, and `page_index` loads the
+/// offset index (when the file has one) so that a row selection fetches only the pages it needs.
+#[derive(Clone, Copy, Default)]
+struct OpenOptions<'g> {
+    gate: Option<&'g ReadGate>,
+    views: bool,
+    page_index: bool,
+}
+
 async fn open(
     file_io: &FileIO,
     path: &str,
-    gate: Option<&ReadGate>,
-    views: bool,
+    opts: OpenOptions<'_>,
+    fetched: Arc<AtomicU64>,
 ) -> Result<ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
@@ -47,14 +57,15 @@ async fn open(
         }
     })?;
     let reader = ArrowFileReader::new(meta, input.reader().await.map_err(|e| err(&e))?);
-    let mut reader: Box<dyn AsyncFileReader> = match gate {
-        Some(gate) => Box::new(GatedReader { inner: reader, gate: gate.clone(), held: None }),
-        None => Box::new(reader),
+    let mut reader: Box<dyn AsyncFileReader> = Box::new(GatedReader { inner: reader, gate: opts.gate.cloned(), held: None, fetched });
+    let options = if opts.page_index {
+        // the column index (page statistics) is not used: positions, not values, select the rows
+        ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional).with_column_index_policy(PageIndexPolicy::Skip)
+    } else {
+        ArrowReaderOptions::new()
     };
-    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-        .await
-        .map_err(|e| err(&format!("not a readable Parquet file: {e}")))?;
-    let meta = if views { with_string_views(meta) } else { meta };
+    let meta = ArrowReaderMetadata::load_async(&mut reader, options).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))?;
+    let meta = if opts.views { with_string_views(meta) } else { meta };
     Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta))
 }
 
@@ -121,17 +132,20 @@ impl ReadGate {
     }
 }
 
-/// An [`AsyncFileReader`] whose row-group fetches pass a [`ReadGate`]. The async Parquet stream asks for the
-/// ranges of the next row group only once the previous one is decoded (one request per row group without row
-/// filters, which we never set), so the permit of one fetch is released by the next.
+/// An [`AsyncFileReader`] whose row-group fetches pass a [`ReadGate`] (when it has one) and that counts the bytes
+/// it fetches (data pages and page indexes; the footer is read by the inner reader). The async Parquet stream asks
+/// for the ranges of the next row group only once the previous one is decoded (one request per row group without
+/// row filters, which we never set), so the permit of one fetch is released by the next.
 struct GatedReader<R> {
     inner: R,
-    gate: ReadGate,
+    gate: Option<ReadGate>,
     held: Option<OwnedSemaphorePermit>,
+    fetched: Arc<AtomicU64>,
 }
 
 impl<R: AsyncFileReader> AsyncFileReader for GatedReader<R> {
     fn get_bytes(&mut self, range: std::ops::Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        self.fetched.fetch_add(range.end - range.start, Ordering::Relaxed);
         self.inner.get_bytes(range)
     }
 
@@ -139,7 +153,10 @@ impl<R: AsyncFileReader> AsyncFileReader for GatedReader<R> {
         async move {
             self.held = None;
             let bytes = ranges.iter().map(|r| r.end - r.start).sum();
-            self.held = Some(self.gate.admit(bytes).await.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?);
+            self.fetched.fetch_add(bytes, Ordering::Relaxed);
+            if let Some(gate) = &self.gate {
+                self.held = Some(gate.admit(bytes).await.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?);
+            }
             self.inner.get_byte_ranges(ranges).await
         }
         .boxed()
@@ -160,7 +177,76 @@ pub async fn read_data_file(
     gate: Option<&ReadGate>,
     views: bool,
 ) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
-    let builder = open(file_io, path, gate, views).await?;
+    let opts = OpenOptions { gate, views, page_index: false };
+    let builder = open(file_io, path, opts, Arc::default()).await?;
+    projected_stream(builder, path, target, views)
+}
+
+/// A read of only some rows of a data file ([`read_rows_at`]).
+pub struct RowsAt<S> {
+    /// The rows at the positions asked for that the file has, in position order.
+    pub stream: S,
+    /// The file's row count, from its footer.
+    pub rows_in_file: u64,
+    /// Bytes fetched so far: grows as the stream is read.
+    pub fetched: Arc<AtomicU64>,
+}
+
+/// Streams the rows at `positions` of a Parquet data file (0-based, as deletes count them), projected onto `target`
+/// like [`read_data_file`]. Row groups without such a row are not fetched, and when the file has an offset index
+/// (Iceberg's writers add one) neither are the pages; in the pages fetched, the other rows are skipped, not
+/// decoded. Positions at or past the file's end are ignored. This is how a snapshot that only adds position
+/// deletes or deletion vectors costs what it deletes, not the size of the files it touches.
+pub async fn read_rows_at(
+    file_io: &FileIO,
+    path: &str,
+    target: SchemaRef,
+    gate: Option<&ReadGate>,
+    positions: &RoaringTreemap,
+) -> Result<RowsAt<impl Stream<Item = Result<RecordBatch>> + Send + 'static>> {
+    let fetched = Arc::new(AtomicU64::new(0));
+    let builder = open(file_io, path, OpenOptions { gate, views: false, page_index: true }, fetched.clone()).await?;
+    let rows_in_file = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let builder = builder.with_row_selection(selection_of(positions, rows_in_file));
+    Ok(RowsAt { stream: projected_stream(builder, path, target, false)?, rows_in_file, fetched })
+}
+
+/// The [`RowSelection`] of `positions` below `rows` (runs of consecutive positions become one selector), covering all
+/// `rows`.
+fn selection_of(positions: &RoaringTreemap, rows: u64) -> RowSelection {
+    let mut selectors = Vec::new();
+    let (mut next, mut run) = (0u64, 0usize); // next = first position not yet covered by a selector
+    for p in positions.iter().take_while(|p| *p < rows) {
+        if run > 0 && p == next + run as u64 {
+            run += 1;
+            continue;
+        }
+        if run > 0 {
+            selectors.push(RowSelector::select(run));
+            next += run as u64;
+        }
+        if p > next {
+            selectors.push(RowSelector::skip((p - next) as usize));
+        }
+        (next, run) = (p, 1);
+    }
+    if run > 0 {
+        selectors.push(RowSelector::select(run));
+        next += run as u64;
+    }
+    if rows > next {
+        selectors.push(RowSelector::skip((rows - next) as usize));
+    }
+    RowSelection::from(selectors)
+}
+
+/// The builder's rows projected onto `target` (see [`read_data_file`]).
+fn projected_stream(
+    builder: ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>,
+    path: &str,
+    target: SchemaRef,
+    views: bool,
+) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
     // with views, top-level strings stay views through the projection (it would cast them back otherwise)
     let target = if views && builder.schema().fields().iter().any(|f| matches!(f.data_type(), DataType::Utf8View | DataType::BinaryView)) {
         view_types(&target)
@@ -200,7 +286,7 @@ pub use crate::spec::projection::relax;
 
 /// A v2 position-delete file: deleted positions per data file path.
 pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashMap<String, RoaringTreemap>> {
-    let builder = open(file_io, path, None, false).await?;
+    let builder = open(file_io, path, OpenOptions::default(), Arc::default()).await?;
     let schema = builder.schema().clone();
     let find = |id: i32, name: &str| {
         schema
@@ -317,8 +403,68 @@ mod tests {
         bytes: Vec<u8>,
         gate: &ReadGate,
     ) -> parquet::arrow::async_reader::ParquetRecordBatchStream<GatedReader<std::io::Cursor<Vec<u8>>>> {
-        let reader = GatedReader { inner: std::io::Cursor::new(bytes), gate: gate.clone(), held: None };
+        let reader = GatedReader { inner: std::io::Cursor::new(bytes), gate: Some(gate.clone()), held: None, fetched: Arc::default() };
         ParquetRecordBatchStreamBuilder::new(reader).await.unwrap().with_batch_size(4096).build().unwrap()
+    }
+
+    #[test]
+    fn a_selection_covers_every_row_and_selects_exactly_the_positions() {
+        let positions: RoaringTreemap = [0u64, 1, 2, 7, 9, 10, 25, 99, 150].into_iter().collect();
+        let sel = selection_of(&positions, 100);
+        let selectors: Vec<RowSelector> = sel.clone().into();
+        assert_eq!(selectors.iter().map(|s| s.row_count).sum::<usize>(), 100, "covers the file, ignores 150");
+        let picked: Vec<u64> = {
+            let mut at = 0u64;
+            let mut out = Vec::new();
+            for s in &selectors {
+                if !s.skip {
+                    out.extend(at..at + s.row_count as u64);
+                }
+                at += s.row_count as u64;
+            }
+            out
+        };
+        assert_eq!(picked, vec![0, 1, 2, 7, 9, 10, 25, 99]);
+        assert_eq!(selectors.iter().filter(|s| !s.skip).count(), 5, "runs are one selector each");
+        let none: Vec<RowSelector> = selection_of(&RoaringTreemap::new(), 10).into();
+        assert!(!RowSelection::from(none).selects_any());
+    }
+
+    /// A file on local disk: `groups` row groups of 20 000 rows (`v` = position × 7919), pages of 1 000 rows, with an
+    /// offset index.
+    fn local_file(dir: &std::path::Path, groups: usize) -> (FileIO, String) {
+        let schema = Arc::new(Schema::new(vec![arrow_schema::Field::new("v", arrow_schema::DataType::Int64, false)]));
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(20_000))
+            .set_data_page_row_count_limit(1_000)
+            .set_write_batch_size(1_000)
+            .set_dictionary_enabled(false)
+            .build();
+        let path = dir.join("f.parquet");
+        let mut w = ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema.clone(), Some(props)).unwrap();
+        let values: Int64Array = (0..(groups * 20_000) as i64).map(|v| v * 7919).collect();
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(values)]).unwrap()).unwrap();
+        w.close().unwrap();
+        let io = crate::storage::file_io(crate::storage::CdcStorageFactory::default(), &HashMap::new());
+        (io, path.to_string_lossy().into_owned())
+    }
+
+    #[tokio::test]
+    async fn reading_rows_at_positions_fetches_only_their_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let (io, path) = local_file(dir.path(), 4);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let target = Arc::new(Schema::new(vec![arrow_schema::Field::new("v", arrow_schema::DataType::Int64, true)]));
+        // rows in row groups 1 and 3 only, one page each, plus one past the end (ignored)
+        let positions: RoaringTreemap = [20_005u64, 20_006, 20_999, 79_999, 80_000, 1 << 40].into_iter().collect();
+        let read = read_rows_at(&io, &path, target, None, &positions).await.unwrap();
+        assert_eq!(read.rows_in_file, 80_000);
+        let batches: Vec<RecordBatch> = read.stream.try_collect().await.unwrap();
+        let got: Vec<i64> = batches.iter().flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect();
+        assert_eq!(got, vec![20_005 * 7919, 20_006 * 7919, 20_999 * 7919, 79_999 * 7919]);
+        let fetched = read.fetched.load(Ordering::Relaxed);
+        // two pages of ~8 KB and the offset index, of a 640 KB file
+        assert!(fetched > 0 && fetched * 20 < size, "fetched {fetched} of {size} bytes");
     }
 
     #[tokio::test]
