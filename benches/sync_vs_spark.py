@@ -9,9 +9,13 @@ rows — every data file is rewritten. Measured, side by side in one run:
                against the bytes of the files involved (the 16 removed + 16 added data files)
   - raw scan:  DuckDB (1 thread) decoding every column of the same 32 files and hashing every row — the fair limit
   - Spark:     create_changelog_view(compute_updates) + MERGE INTO a copy (local[2], JVM warm)
+Then, per size, the sparse merge-on-read case (`sparse_mor`): a v3 merge-on-read copy of the table, a Spark UPDATE of
+0.1 % and a DELETE of 0.01 % of the rows (a deletion vector on every data file, no file rewritten), `cdc sync` of
+both snapshots (also with each `--baseline` binary, alternately) against a DuckDB raw scan of the files the DVs touch.
 Both targets are checked equal to the source. Prints Markdown tables for README.md.
 
     .peers/venv/bin/python benches/sync_vs_spark.py [--rows 1000000 10000000] [--runs 3] [--budget 256MiB]
+        [--baseline OTHER_CDC ...] [--no-mor] [--spark-max-rows N] [--keep DIR]
 """
 import argparse
 import json
@@ -126,7 +130,7 @@ def one_size(spark, wh, n, args):
     # --- Spark: the same job as a Spark user writes it (skipped above --spark-max-rows)
     if args.spark_max_rows is not None and n > args.spark_max_rows:
         assert differs_from(spark, src, f"{CAT}.cdc_target.orders_{n}") == 0
-        return dict(n=n, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
+        return dict(n=n, s1=s1, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
                     cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, spark_wall=None, spark_cpu=None, spark_rss=None)
     tgt = f"{CAT}.spark_target.orders_{n}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.spark_target")
@@ -149,8 +153,57 @@ def one_size(spark, wh, n, args):
 
     # both targets equal the source
     assert differs_from(spark, src, f"{CAT}.cdc_target.orders_{n}") == 0 and differs_from(spark, src, tgt) == 0
-    return dict(n=n, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
+    return dict(n=n, s1=s1, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
                 cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, spark_wall=spark_wall, spark_cpu=spark_cpu, spark_rss=spark_rss)
+
+
+def sparse_mor(spark, wh, n, src, s1, args):
+    """A merge-on-read v3 copy of the table at s1, then a sparse UPDATE (0.1 % of the rows) and DELETE (0.01 %): every
+    data file gets a deletion vector and stays. Measured: `cdc sync` of the two snapshots (each binary of --cdc and
+    --baseline alternately, from the same restored start) against a raw scan of the files the DVs touch — what a
+    whole-file diff has to read — and whether Spark's changelog view takes the range at all."""
+    mor = f"{CAT}.db.mor_{n}"
+    spark.sql(
+        f"CREATE TABLE {mor} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
+        "USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='3', 'write.merge.mode'='merge-on-read', "
+        "'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')"
+    )
+    spark.sql(f"ALTER TABLE {mor} SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO {mor} SELECT * FROM {src} VERSION AS OF {s1}")
+    snap = lambda: spark.sql(f"SELECT snapshot_id FROM {mor}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id  # noqa: E731
+    m1 = snap()
+    spark.sql(f"UPDATE {mor} SET status = 'sparse', amount = amount + 1 WHERE id % 1000 = 3")
+    spark.sql(f"DELETE FROM {mor} WHERE id % 10000 = 5")
+    m3 = snap()
+    touched = files_of(spark, mor, m1)
+    touched_bytes = sum(touched.values())
+    cfg = os.path.join(wh, f"cdc_mor_{n}.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[source]\ntable = "db.mor_{n}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[target]\ntable = "cdc_target.mor_{n}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[engine]\nmemory_budget = "{args.budget}"\n')
+    measured([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(m1), "--json"])
+    meta = os.path.join(wh, "cdc_target", f"mor_{n}", "metadata")
+    shutil.copytree(meta, meta + ".start")
+    bins = [args.cdc] + args.baseline
+    runs = {b: [] for b in bins}
+    for _ in range(args.runs):
+        for b in bins:
+            shutil.rmtree(meta)
+            shutil.copytree(meta + ".start", meta)
+            wall, cpu, rss, out = measured([b, "sync", "--config", cfg, "--json"])
+            runs[b].append((wall, cpu, rss, json.loads(out)))
+    assert differs_from(spark, mor, f"{CAT}.cdc_target.mor_{n}") == 0  # the last run's target (the last binary)
+    sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(touched)!r})"
+    code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
+    raw = min((measured([sys.executable, "-c", code]) for _ in range(args.runs)), key=lambda r: r[1])
+    try:
+        spark.sql(f"CALL {CAT}.system.create_changelog_view(table => 'db.mor_{n}', options => map('start-snapshot-id', '{m1}', "
+                  f"'end-snapshot-id', '{m3}'), changelog_view => 'mor_changes_{n}', compute_updates => true, identifier_columns => array('id'))")
+        spark_changelog = f"{spark.sql(f'SELECT * FROM mor_changes_{n}').count()} rows"
+    except Exception as e:  # noqa: BLE001 — the benchmark reports what Spark says
+        spark_changelog = "fails: " + str(e).strip().splitlines()[0][:120]
+    return dict(n=n, files=len(touched), touched_bytes=touched_bytes, runs=runs, raw=raw, spark_changelog=spark_changelog)
 
 
 def main():
@@ -160,6 +213,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--budget", default="256MiB", help="engine.memory_budget (256MiB is the default)")
     ap.add_argument("--spark-max-rows", type=int, help="measure Spark's sync only up to this size (the tables are still written and checked by Spark)")
+    ap.add_argument("--baseline", nargs="*", default=[], metavar="BIN", help="other cdc binaries measured alternately on the merge-on-read case")
+    ap.add_argument("--no-mor", action="store_true", help="skip the sparse merge-on-read case")
     ap.add_argument("--keep", metavar="DIR", help="build the warehouse in DIR and keep it (to rerun `cdc sync` by hand)")
     args = ap.parse_args()
     try:
@@ -171,6 +226,7 @@ def main():
     spark.sparkContext.setLogLevel("ERROR")
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
     results = [one_size(spark, wh, n, args) for n in args.rows]
+    mor = [] if args.no_mor else [sparse_mor(spark, wh, r["n"], f"{CAT}.db.orders_{r['n']}", r["s1"], args) for r in results]
     spark.stop()
     if not args.keep:
         shutil.rmtree(wh, ignore_errors=True)
@@ -194,6 +250,21 @@ def main():
         s = r["summary"]
         spark_part = f"Spark wall {r['spark_wall']:.1f} s, peak RSS {r['spark_rss']:.0f} MB (JVM)" if r["spark_wall"] is not None else "Spark's sync not run"
         print(f"\n{r['n']:,} rows: {s['inserts']} insert, {s['deletes']} delete, {s['updates']} update; {spark_part}")
+    if mor:
+        print("\nSparse merge-on-read (v3): UPDATE 0.1 % + DELETE 0.01 % of the rows, a deletion vector on every data file "
+              "(median wall of the runs; raw scan: DuckDB over the files the DVs touch):\n")
+        print("| rows | files with new DVs | MB of those files | binary | `cdc sync` wall s | CPU s | MB read | peak RSS MB | raw scan CPU s | raw scan / cdc CPU |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for m in mor:
+            for b, v in m["runs"].items():
+                v = sorted(v, key=lambda r: r[0])
+                wall, cpu, _, s = v[len(v) // 2]
+                print(f"| {m['n']:,} | {m['files']} | {m['touched_bytes'] / 1e6:.0f} | {os.path.basename(b)} | {wall:.2f} | {cpu:.2f} "
+                      f"| {s['source_bytes_read'] / 1e6:.1f} | {max(r[2] for r in v):.0f} | {m['raw'][1]:.2f} | {m['raw'][1] / cpu:.1f} |")
+        for m in mor:
+            s = m["runs"][args.cdc][0][3]
+            print(f"\n{m['n']:,} rows (merge-on-read): {s['inserts']} insert, {s['deletes']} delete, {s['updates']} update; "
+                  f"Spark's create_changelog_view: {m['spark_changelog']}")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,53 @@ async fn equality_deletes_match_iceberg_rust_scan() {
     assert!(last[0].1.contains("donald"));
 }
 
+/// An equality delete of three keys applies to every older data file, a 300k-row one included: the scan reads the
+/// key column of that file and the pages of the three rows (the offset index our writer adds), not the file; a
+/// changes still match iceberg-rust's scan.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_equality_delete_of_a_few_keys_reads_keys_and_their_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let names: Vec<String> = (0..300_000u64).map(|i| format!("customer-{i:08}-{}", i.wrapping_mul(2_654_435_761) % 1_000_003)).collect();
+    let rows: Vec<(i64, &str, i128)> = (0..300_000).map(|i| (1_000 + i as i64, names[i].as_str(), i as i128 * 37)).collect();
+    // appended without equality deletes (iceberg-rust's scan, the oracle, crawls through 300k of them)
+    let b = quickstart::orders_batch(&table, &rows).unwrap();
+    let files = iceberg_cdc::sink::iceberg::files::write_data(&table, &[b]).await.unwrap();
+    let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&table).await.unwrap();
+    let table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
+    let table = quickstart::commit_changes(&catalog, &table, &[], &[1_005, 101_000, 250_999]).await.unwrap();
+    let big =
+        walk(&wh).into_iter().filter(|p| p.extension().is_some_and(|e| e == "parquet")).map(|p| std::fs::metadata(p).unwrap().len()).max().unwrap();
+    assert!(big > 2_000_000, "the 300k-row file is large enough to tell a full read from a partial one ({big} B)");
+
+    let cfg = config(dir.path(), &sql_config(&wh, "", ""));
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
+    let (parent, last) = (lineage[lineage.len() - 2].snapshot_id(), lineage[lineage.len() - 1].snapshot_id());
+    let out = cdc(&["changes", "--config", cfg.to_str().unwrap(), "--from-snapshot", &parent.to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let got = parse_changes(&ok(out));
+    let want = expected(&scan_rows(&table, Some(parent)).await, &scan_rows(&table, Some(last)).await);
+    assert_eq!(got, want);
+    assert_eq!(got.iter().filter(|c| c.0 == "DELETE").count(), 3, "{got:?}");
+    let mb: f64 = stderr.split(" MB read").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    // the key column is a fifth of the file, and each key's row costs a page of every column (~1/9 of a column)
+    assert!(mb * 1e6 < 0.6 * big as f64, "read {mb} MB for three keys of a {big} B file: {stderr}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn small_memory_budget_spills_and_gives_the_same_rows() {
     let dir = tempfile::tempdir().unwrap();

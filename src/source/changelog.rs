@@ -844,11 +844,22 @@ async fn diff_file(
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
     let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
-    if let Some(changed) = positional_change(&job, &sb, &sa) {
-        if changed.is_empty() {
-            return Ok(FileRead { rows: 0, bytes: 0 });
+    let mut bytes = 0;
+    let changed = match positional_change(&job, &sb, &sa) {
+        Some(changed) => Some(changed),
+        None if sb.exists && sa.exists => {
+            // equality deletes differ: find the rows whose liveness changes from the columns the deletes compare
+            let found = changed_by_equality(shared, f, &schema, &sb, &sa).await?;
+            bytes += found.bytes;
+            Some(found.positions)
         }
-        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), &changed).await?;
+        None => None,
+    };
+    if let Some(changed) = changed {
+        if changed.is_empty() {
+            return Ok(FileRead { rows: 0, bytes });
+        }
+        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), Some(&changed)).await?;
         if read.rows_in_file != f.file.record_count() {
             return Err(Error::data(f.path(), format!("file has {} rows but its manifest entry says {}", read.rows_in_file, f.file.record_count())));
         }
@@ -865,7 +876,7 @@ async fn diff_file(
                 break;
             }
         }
-        return Ok(FileRead { rows, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) });
+        return Ok(FileRead { rows, bytes: bytes + read.fetched.load(std::sync::atomic::Ordering::Relaxed) });
     }
     // without delete files (whose key encoding wants plain strings)
     let views = views && job.before.1.is_empty() && job.after.1.is_empty();
@@ -883,6 +894,51 @@ async fn diff_file(
         return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
     }
     Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
+}
+
+/// The positions of a file whose liveness changes, and the bytes read to find them.
+struct Changed {
+    positions: RoaringTreemap,
+    bytes: u64,
+}
+
+/// The positions of `f` (in both states) live in one state and not in the other, found by reading only the columns
+/// the states' equality deletes compare: the key is usually a small part of a row, and the rows it finds are then
+/// read by position — so an equality delete of a few keys, which applies to every older file of its partition, reads
+/// their keys and the pages of the matching rows, not the files.
+async fn changed_by_equality(shared: &FileReads, f: &FileEntry, schema: &SchemaRef, before: &StateDeletes, after: &StateDeletes) -> Result<Changed> {
+    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|(e, _, _)| e.field_ids.iter().copied()).collect();
+    let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
+    let keys: SchemaRef = Arc::new(schema.project(&cols)?);
+    let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
+    let read = reader::read_rows_at(&shared.file_io, f.path(), keys, Some(&shared.gate), None).await?;
+    let mut stream = Box::pin(read.stream);
+    let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
+    while let Some(batch) = stream.try_next().await? {
+        let (lb, la) = (live_mask(&kb, &batch, At::From(offset))?, live_mask(&ka, &batch, At::From(offset))?);
+        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
+        offset += batch.num_rows() as u64;
+    }
+    if offset != f.file.record_count() {
+        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
+    }
+    Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
+}
+
+impl StateDeletes {
+    /// The same state, its equality deletes compared on the columns of `schema` (a projection of the one it was
+    /// loaded with).
+    fn on(&self, schema: &SchemaRef) -> Result<StateDeletes> {
+        let eq = self
+            .eq
+            .iter()
+            .map(|(e, _, _)| {
+                let (conv, idx) = e.converter(schema)?;
+                Ok((e.clone(), conv, idx))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StateDeletes { exists: self.exists, positions: self.positions.clone(), eq })
+    }
 }
 
 /// The two states of one file, and the fingerprinter when the read wants fingerprints.

@@ -184,7 +184,7 @@ pub async fn read_data_file(
 
 /// A read of only some rows of a data file ([`read_rows_at`]).
 pub struct RowsAt<S> {
-    /// The rows at the positions asked for that the file has, in position order.
+    /// The rows asked for that the file has, in position order.
     pub stream: S,
     /// The file's row count, from its footer.
     pub rows_in_file: u64,
@@ -192,22 +192,26 @@ pub struct RowsAt<S> {
     pub fetched: Arc<AtomicU64>,
 }
 
-/// Streams the rows at `positions` of a Parquet data file (0-based, as deletes count them), projected onto `target`
-/// like [`read_data_file`]. Row groups without such a row are not fetched, and when the file has an offset index
-/// (Iceberg's writers add one) neither are the pages; in the pages fetched, the other rows are skipped, not
-/// decoded. Positions at or past the file's end are ignored. This is how a snapshot that only adds position
-/// deletes or deletion vectors costs what it deletes, not the size of the files it touches.
+/// Streams the rows at `positions` of a Parquet data file (0-based, as deletes count them; `None`: every row),
+/// projected onto `target` like [`read_data_file`], counting the bytes it fetches. Row groups without such a row are
+/// not fetched, and when the file has an offset index (Iceberg's writers add one) neither are the pages; in the
+/// pages fetched, the other rows are skipped, not decoded. Positions at or past the file's end are ignored. This is
+/// how a snapshot that only adds deletes to a file costs what it deletes, not the size of the file.
 pub async fn read_rows_at(
     file_io: &FileIO,
     path: &str,
     target: SchemaRef,
     gate: Option<&ReadGate>,
-    positions: &RoaringTreemap,
+    positions: Option<&RoaringTreemap>,
 ) -> Result<RowsAt<impl Stream<Item = Result<RecordBatch>> + Send + 'static>> {
     let fetched = Arc::new(AtomicU64::new(0));
-    let builder = open(file_io, path, OpenOptions { gate, views: false, page_index: true }, fetched.clone()).await?;
+    let opts = OpenOptions { gate, views: false, page_index: positions.is_some() };
+    let builder = open(file_io, path, opts, fetched.clone()).await?;
     let rows_in_file = builder.metadata().file_metadata().num_rows().max(0) as u64;
-    let builder = builder.with_row_selection(selection_of(positions, rows_in_file));
+    let builder = match positions {
+        Some(p) => builder.with_row_selection(selection_of(p, rows_in_file)),
+        None => builder,
+    };
     Ok(RowsAt { stream: projected_stream(builder, path, target, false)?, rows_in_file, fetched })
 }
 
@@ -457,7 +461,7 @@ mod tests {
         let target = Arc::new(Schema::new(vec![arrow_schema::Field::new("v", arrow_schema::DataType::Int64, true)]));
         // rows in row groups 1 and 3 only, one page each, plus one past the end (ignored)
         let positions: RoaringTreemap = [20_005u64, 20_006, 20_999, 79_999, 80_000, 1 << 40].into_iter().collect();
-        let read = read_rows_at(&io, &path, target, None, &positions).await.unwrap();
+        let read = read_rows_at(&io, &path, target, None, Some(&positions)).await.unwrap();
         assert_eq!(read.rows_in_file, 80_000);
         let batches: Vec<RecordBatch> = read.stream.try_collect().await.unwrap();
         let got: Vec<i64> = batches.iter().flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect();
