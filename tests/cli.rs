@@ -159,7 +159,7 @@ async fn equality_deletes_match_iceberg_rust_scan() {
 }
 
 /// An equality delete of three keys applies to every older data file, a 300k-row one included: the scan reads the
-/// key column of that file and the pages of the three rows (the offset index our writer adds), not the file; a
+/// key column of that file and the pages of the three rows (the offset index our writer adds), not the file; its
 /// changes still match iceberg-rust's scan.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_equality_delete_of_a_few_keys_reads_keys_and_their_pages() {
