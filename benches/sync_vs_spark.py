@@ -10,8 +10,8 @@ rows — every data file is rewritten. Measured, side by side in one run:
   - raw scan:  DuckDB (1 thread) decoding every column of the same 32 files and hashing every row — the fair limit
   - Spark:     create_changelog_view(compute_updates) + MERGE INTO a copy (local[2], JVM warm)
 Then, per size, the sparse merge-on-read case (`sparse_mor`): a v3 merge-on-read copy of the table, a Spark UPDATE of
-0.1 % and a DELETE of 0.01 % of the rows (a deletion vector on every data file, no file rewritten), `cdc sync` of
-both snapshots (also with each `--baseline` binary, alternately) against a DuckDB raw scan of the files the DVs touch.
+0.1 %, a DELETE of 0.01 % and one of ten rows (deletion vectors, no data file rewritten), `cdc sync` of the
+three snapshots (also with each `--baseline` binary, alternately) against a DuckDB raw scan of the files the DVs touch.
 Both targets are checked equal to the source. Prints Markdown tables for README.md.
 
     .peers/venv/bin/python benches/sync_vs_spark.py [--rows 1000000 10000000] [--runs 3] [--budget 256MiB]
@@ -62,6 +62,20 @@ def measured(cmd):
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{cmd[0]} failed: {err.read()}")
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.read()
+
+
+def measured_err(cmd):
+    """`measured`, with the command's stderr as a fifth element."""
+    err = tempfile.TemporaryFile(mode="w+")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.time() - t0
+    err.seek(0)
+    text = err.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd[0]} failed: {text}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, "", text
 
 
 def files_of(spark, table, snapshot):
@@ -158,8 +172,8 @@ def one_size(spark, wh, n, args):
 
 
 def sparse_mor(spark, wh, n, src, s1, args):
-    """A merge-on-read v3 copy of the table at s1, then a sparse UPDATE (0.1 % of the rows) and DELETE (0.01 %): every
-    data file gets a deletion vector and stays. Measured: `cdc sync` of the two snapshots (each binary of --cdc and
+    """A merge-on-read v3 copy of the table at s1, then a sparse UPDATE (0.1 % of the rows), a DELETE (0.01 %) and a
+    DELETE of ten rows: data files get deletion vectors and stay. Measured: `cdc sync` of the three snapshots (each binary of --cdc and
     --baseline alternately, from the same restored start) against a raw scan of the files the DVs touch — what a
     whole-file diff has to read — and whether Spark's changelog view takes the range at all."""
     mor = f"{CAT}.db.mor_{n}"
@@ -173,8 +187,11 @@ def sparse_mor(spark, wh, n, src, s1, args):
     snap = lambda: spark.sql(f"SELECT snapshot_id FROM {mor}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id  # noqa: E731
     m1 = snap()
     spark.sql(f"UPDATE {mor} SET status = 'sparse', amount = amount + 1 WHERE id % 1000 = 3")
+    m2 = snap()
     spark.sql(f"DELETE FROM {mor} WHERE id % 10000 = 5")
     m3 = snap()
+    spark.sql(f"DELETE FROM {mor} WHERE id % {n // 10} = 7")  # ten rows: a streaming-sized commit
+    m4 = snap()
     touched = files_of(spark, mor, m1)
     touched_bytes = sum(touched.values())
     cfg = os.path.join(wh, f"cdc_mor_{n}.toml")
@@ -194,6 +211,14 @@ def sparse_mor(spark, wh, n, src, s1, args):
             wall, cpu, rss, out = measured([b, "sync", "--config", cfg, "--json"])
             runs[b].append((wall, cpu, rss, json.loads(out)))
     assert differs_from(spark, mor, f"{CAT}.cdc_target.mor_{n}") == 0  # the last run's target (the last binary)
+    # each snapshot alone: `cdc changes`, least CPU of the runs, and the MB it reports read
+    steps = []
+    for label, a, b in (("UPDATE 0.1 %", m1, m2), ("DELETE 0.01 %", m2, m3), ("DELETE 10 rows", m3, m4)):
+        for binary in bins:
+            cmd = [binary, "changes", "--config", cfg, "--from-snapshot", str(a), "--to-snapshot", str(b)]
+            best = min((measured_err(cmd) for _ in range(args.runs)), key=lambda r: r[1])
+            mb = float(best[4].split(" MB read")[0].rsplit(" ", 1)[1])
+            steps.append((label, os.path.basename(binary), best[1], mb))
     sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(touched)!r})"
     code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
     raw = min((measured([sys.executable, "-c", code]) for _ in range(args.runs)), key=lambda r: r[1])
@@ -203,7 +228,7 @@ def sparse_mor(spark, wh, n, src, s1, args):
         spark_changelog = f"{spark.sql(f'SELECT * FROM mor_changes_{n}').count()} rows"
     except Exception as e:  # noqa: BLE001 — the benchmark reports what Spark says
         spark_changelog = "fails: " + str(e).strip().splitlines()[0][:120]
-    return dict(n=n, files=len(touched), touched_bytes=touched_bytes, runs=runs, raw=raw, spark_changelog=spark_changelog)
+    return dict(n=n, files=len(touched), touched_bytes=touched_bytes, runs=runs, raw=raw, spark_changelog=spark_changelog, steps=steps)
 
 
 def main():
@@ -251,7 +276,7 @@ def main():
         spark_part = f"Spark wall {r['spark_wall']:.1f} s, peak RSS {r['spark_rss']:.0f} MB (JVM)" if r["spark_wall"] is not None else "Spark's sync not run"
         print(f"\n{r['n']:,} rows: {s['inserts']} insert, {s['deletes']} delete, {s['updates']} update; {spark_part}")
     if mor:
-        print("\nSparse merge-on-read (v3): UPDATE 0.1 % + DELETE 0.01 % of the rows, a deletion vector on every data file "
+        print("\nSparse merge-on-read (v3): UPDATE 0.1 %, DELETE 0.01 %, DELETE 10 rows; deletion vectors, no file rewritten "
               "(median wall of the runs; raw scan: DuckDB over the files the DVs touch):\n")
         print("| rows | files with new DVs | MB of those files | binary | `cdc sync` wall s | CPU s | MB read | peak RSS MB | raw scan CPU s | raw scan / cdc CPU |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -261,6 +286,11 @@ def main():
                 wall, cpu, _, s = v[len(v) // 2]
                 print(f"| {m['n']:,} | {m['files']} | {m['touched_bytes'] / 1e6:.0f} | {os.path.basename(b)} | {wall:.2f} | {cpu:.2f} "
                       f"| {s['source_bytes_read'] / 1e6:.1f} | {max(r[2] for r in v):.0f} | {m['raw'][1]:.2f} | {m['raw'][1] / cpu:.1f} |")
+        print("\n| rows | snapshot | binary | `cdc changes` CPU s | MB read |")
+        print("|---|---|---|---|---|")
+        for m in mor:
+            for label, binary, cpu, mb in m["steps"]:
+                print(f"| {m['n']:,} | {label} | {binary} | {cpu:.2f} | {mb:.1f} |")
         for m in mor:
             s = m["runs"][args.cdc][0][3]
             print(f"\n{m['n']:,} rows (merge-on-read): {s['inserts']} insert, {s['deletes']} delete, {s['updates']} update; "

@@ -786,6 +786,26 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<b
     Ok(live)
 }
 
+/// Whether the equality deletes that differ between the two states of a job's file hold few enough keys (at most
+/// one per [`KEY_FIRST_ROWS_PER_KEY`] rows of the file) that reading the compared columns first, then the matching
+/// rows by position, costs less than reading the file once. Denser deletes touch nearly every page, so the second
+/// read would decode the file again (measured: 12 % of the rows deleted made it 1.2× the bytes and +12 % CPU).
+fn few_equality_keys(job: &FileJob) -> bool {
+    let eq = |deletes: &[Arc<FileEntry>]| -> HashMap<String, u64> {
+        deletes
+            .iter()
+            .filter(|d| d.file.content_type() == DataContentType::EqualityDeletes)
+            .map(|d| (d.path().to_string(), d.file.record_count()))
+            .collect()
+    };
+    let (before, after) = (eq(&job.before.1), eq(&job.after.1));
+    let keys: u64 = before.iter().chain(&after).filter(|(p, _)| before.contains_key(*p) != after.contains_key(*p)).map(|(_, n)| n).sum();
+    keys.saturating_mul(KEY_FIRST_ROWS_PER_KEY) <= job.file.file.record_count()
+}
+
+/// See [`few_equality_keys`].
+const KEY_FIRST_ROWS_PER_KEY: u64 = 64;
+
 /// The positions whose rows can change, when nothing but position deletes (files or DVs) differs between the two
 /// states of a file that is in both: exactly the positions deleted in one state and not in the other. `None` when
 /// the file is added or removed, or its equality deletes differ (those can change rows anywhere in it).
@@ -847,7 +867,7 @@ async fn diff_file(
     let mut bytes = 0;
     let changed = match positional_change(&job, &sb, &sa) {
         Some(changed) => Some(changed),
-        None if sb.exists && sa.exists => {
+        None if sb.exists && sa.exists && few_equality_keys(&job) => {
             // equality deletes differ: find the rows whose liveness changes from the columns the deletes compare
             let found = changed_by_equality(shared, f, &schema, &sb, &sa).await?;
             bytes += found.bytes;
