@@ -3,11 +3,12 @@
 //! A snapshot's manifests list its live files plus, with status DELETED, the files it removed. So the file sets
 //! before (at the parent) and after the snapshot both follow from the snapshot alone — an expired parent does not
 //! matter:  before = live-and-not-added ∪ removed,  after = live.
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use iceberg::spec::{DataContentType, DataFile, ManifestStatus, SnapshotRef, Struct};
+use iceberg::spec::{DataContentType, DataFile, ManifestStatus, PrimitiveType, SnapshotRef, Struct};
 use iceberg::table::Table;
 
 use crate::error::{Error, Result};
@@ -123,8 +124,88 @@ pub fn delete_applies(delete: &FileEntry, data: &FileEntry) -> bool {
             }
         }
         DataContentType::EqualityDeletes => {
-            delete.seq > data.seq && (delete.unpartitioned || (delete.spec_id == data.spec_id && delete.partition() == data.partition()))
+            delete.seq > data.seq
+                && (delete.unpartitioned || (delete.spec_id == data.spec_id && delete.partition() == data.partition()))
+                && equality_ranges_overlap(&delete.file, &data.file)
         }
         DataContentType::Data => false,
+    }
+}
+
+/// Whether an equality-delete file can match a row of a data file, judged by the column bounds and null counts of
+/// their manifest entries (as Iceberg's own delete index judges it). It cannot when, for one of the compared columns,
+/// the two value ranges are disjoint and no null can meet a null: a row must equal a delete row in every column. An
+/// equality delete of recent keys then leaves the older files of the same partition (or, unpartitioned, of the
+/// table) alone instead of costing a read of each. Missing bounds or counts, float columns (NaN lies outside
+/// bounds) and bounds of different types (a promoted column) never rule a file out; truncated string bounds are
+/// still bounds (the lower one is a prefix, the upper one rounded up).
+pub(crate) fn equality_ranges_overlap(delete: &DataFile, data: &DataFile) -> bool {
+    let Some(ids) = delete.equality_ids() else { return true };
+    !ids.iter().any(|id| ranges_disjoint(delete, data, *id))
+}
+
+fn ranges_disjoint(delete: &DataFile, data: &DataFile, id: i32) -> bool {
+    let no_null_meets_null = delete.null_value_counts().get(&id) == Some(&0) || data.null_value_counts().get(&id) == Some(&0);
+    if !no_null_meets_null {
+        return false;
+    }
+    let bounds = |f: &DataFile| Some((f.lower_bounds().get(&id)?.clone(), f.upper_bounds().get(&id)?.clone()));
+    let (Some((del_lo, del_hi)), Some((lo, hi))) = (bounds(delete), bounds(data)) else {
+        return false;
+    };
+    if matches!(del_lo.data_type(), PrimitiveType::Float | PrimitiveType::Double) {
+        return false;
+    }
+    del_hi.partial_cmp(&lo) == Some(Ordering::Less) || del_lo.partial_cmp(&hi) == Some(Ordering::Greater)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{DataFileBuilder, DataFileFormat, Datum};
+
+    fn file(content: DataContentType, lo: Datum, hi: Datum, nulls: Option<u64>) -> DataFile {
+        let mut b = DataFileBuilder::default();
+        b.content(content)
+            .file_path("f.parquet".to_string())
+            .file_format(DataFileFormat::Parquet)
+            .record_count(10)
+            .file_size_in_bytes(100)
+            .lower_bounds(HashMap::from([(1, lo)]))
+            .upper_bounds(HashMap::from([(1, hi)]))
+            .null_value_counts(nulls.map(|n| HashMap::from([(1, n)])).unwrap_or_default());
+        if content == DataContentType::EqualityDeletes {
+            b.equality_ids(Some(vec![1]));
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn equality_deletes_skip_files_whose_key_range_they_miss() {
+        let data = file(DataContentType::Data, Datum::long(100), Datum::long(200), Some(0));
+        let del = |lo, hi, nulls| file(DataContentType::EqualityDeletes, Datum::long(lo), Datum::long(hi), nulls);
+        assert!(!equality_ranges_overlap(&del(1, 99, Some(0)), &data), "below the file's range");
+        assert!(!equality_ranges_overlap(&del(201, 300, Some(0)), &data), "above it");
+        assert!(equality_ranges_overlap(&del(1, 100, Some(0)), &data), "touching its lower bound");
+        assert!(equality_ranges_overlap(&del(200, 300, Some(0)), &data), "touching its upper bound");
+        assert!(equality_ranges_overlap(&del(150, 150, Some(0)), &data), "inside");
+        // a null key in the delete meets null keys of a file whose null count is unknown
+        let unknown = file(DataContentType::Data, Datum::long(100), Datum::long(200), None);
+        assert!(equality_ranges_overlap(&del(1, 5, Some(1)), &unknown));
+        assert!(equality_ranges_overlap(&del(1, 5, None), &unknown));
+        assert!(!equality_ranges_overlap(&del(1, 5, Some(0)), &unknown), "no null in the delete: the ranges decide");
+        assert!(!equality_ranges_overlap(&del(1, 5, Some(3)), &data), "no null in the file: the ranges decide");
+        // floats and mismatched types are never ruled out
+        let fdata = file(DataContentType::Data, Datum::double(1.0), Datum::double(2.0), Some(0));
+        let fdel = file(DataContentType::EqualityDeletes, Datum::double(5.0), Datum::double(6.0), Some(0));
+        assert!(equality_ranges_overlap(&fdel, &fdata));
+        let idel = file(DataContentType::EqualityDeletes, Datum::int(1), Datum::int(5), Some(0));
+        assert!(equality_ranges_overlap(&idel, &data), "int bounds against long bounds: not comparable");
+        // strings compare bytewise
+        let sdata = file(DataContentType::Data, Datum::string("m"), Datum::string("p"), Some(0));
+        let sdel = |lo: &str, hi: &str| file(DataContentType::EqualityDeletes, Datum::string(lo), Datum::string(hi), Some(0));
+        assert!(!equality_ranges_overlap(&sdel("a", "lz"), &sdata));
+        assert!(equality_ranges_overlap(&sdel("a", "m"), &sdata));
+        assert!(!equality_ranges_overlap(&sdel("pa", "z"), &sdata));
     }
 }
