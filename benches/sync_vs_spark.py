@@ -50,7 +50,7 @@ def jvm_stats(spark):
 
 
 def measured(cmd):
-    """Runs `cmd` as a child measured by wait4: (wall s, CPU s, peak RSS MB, stdout text)."""
+    """Runs `cmd` as a child measured by wait4: (wall s, CPU s, peak RSS MB, stdout text, stderr text)."""
     out = tempfile.TemporaryFile(mode="w+")
     err = tempfile.TemporaryFile(mode="w+")
     t0 = time.time()
@@ -59,23 +59,27 @@ def measured(cmd):
     wall = time.time() - t0
     out.seek(0)
     err.seek(0)
+    errors = err.read()
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{cmd[0]} failed: {err.read()}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.read()
+        raise SystemExit(f"{cmd[0]} failed: {errors}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, out.read(), errors
 
 
-def measured_err(cmd):
-    """`measured`, with the command's stderr as a fifth element."""
-    err = tempfile.TemporaryFile(mode="w+")
-    t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-    _, status, ru = os.wait4(proc.pid, 0)
-    wall = time.time() - t0
-    err.seek(0)
-    text = err.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{cmd[0]} failed: {text}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, "", text
+def write_config(wh, name, budget):
+    """A cdc config syncing hadoop table `db.<name>` of `wh` into `cdc_target.<name>`; returns its path."""
+    cfg = os.path.join(wh, f"cdc_{name}.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[source]\ntable = "db.{name}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[target]\ntable = "cdc_target.{name}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
+                f'[engine]\nmemory_budget = "{budget}"\n')
+    return cfg
+
+
+def raw_scan(files, runs):
+    """DuckDB on one thread decoding every column of `files` and hashing every row: the measurement of least CPU."""
+    sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(files)!r})"
+    code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
+    return min((measured([sys.executable, "-c", code]) for _ in range(runs)), key=lambda r: r[1])
 
 
 def files_of(spark, table, snapshot):
@@ -116,11 +120,7 @@ def one_size(spark, wh, n, args):
     involved_bytes = sum(involved.values())
 
     # --- cdc: bootstrap at s1 (measured once), then the incremental sync of the MERGE (measured runs)
-    cfg = os.path.join(wh, f"cdc_{n}.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[source]\ntable = "db.orders_{n}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[target]\ntable = "cdc_target.orders_{n}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[engine]\nmemory_budget = "{args.budget}"\n')
+    cfg = write_config(wh, f"orders_{n}", args.budget)
     boot = measured([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(s1), "--json"])
     boot_read = json.loads(boot[3])["source_bytes_read"]
     meta = os.path.join(wh, "cdc_target", f"orders_{n}", "metadata")
@@ -130,16 +130,14 @@ def one_size(spark, wh, n, args):
     for _ in range(args.runs):
         shutil.rmtree(meta)
         shutil.copytree(meta + ".start", meta)
-        wall, cpu, rss, out = measured([args.cdc, "sync", "--config", cfg, "--json"])
+        wall, cpu, rss, out, _ = measured([args.cdc, "sync", "--config", cfg, "--json"])
         runs.append((wall, cpu, rss, json.loads(out)))
     runs.sort(key=lambda r: r[0])
     cdc_wall, cdc_cpu, _, summary = runs[len(runs) // 2]
     cdc_rss = max(r[2] for r in runs)
 
     # --- raw scan: DuckDB, one thread, every column of the same files decoded and every row hashed
-    sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(involved)!r})"
-    code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
-    raw = min((measured([sys.executable, "-c", code]) for _ in range(args.runs)), key=lambda r: r[1])
+    raw = raw_scan(involved, args.runs)
 
     # --- Spark: the same job as a Spark user writes it (skipped above --spark-max-rows)
     if args.spark_max_rows is not None and n > args.spark_max_rows:
@@ -194,11 +192,7 @@ def sparse_mor(spark, wh, n, src, s1, args):
     m4 = snap()
     touched = files_of(spark, mor, m1)
     touched_bytes = sum(touched.values())
-    cfg = os.path.join(wh, f"cdc_mor_{n}.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[source]\ntable = "db.mor_{n}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[target]\ntable = "cdc_target.mor_{n}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{wh}"\n'
-                f'[engine]\nmemory_budget = "{args.budget}"\n')
+    cfg = write_config(wh, f"mor_{n}", args.budget)
     measured([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(m1), "--json"])
     meta = os.path.join(wh, "cdc_target", f"mor_{n}", "metadata")
     shutil.copytree(meta, meta + ".start")
@@ -208,7 +202,7 @@ def sparse_mor(spark, wh, n, src, s1, args):
         for b in bins:
             shutil.rmtree(meta)
             shutil.copytree(meta + ".start", meta)
-            wall, cpu, rss, out = measured([b, "sync", "--config", cfg, "--json"])
+            wall, cpu, rss, out, _ = measured([b, "sync", "--config", cfg, "--json"])
             runs[b].append((wall, cpu, rss, json.loads(out)))
     assert differs_from(spark, mor, f"{CAT}.cdc_target.mor_{n}") == 0  # the last run's target (the last binary)
     # each snapshot alone: `cdc changes`, least CPU of the runs, and the MB it reports read
@@ -216,12 +210,10 @@ def sparse_mor(spark, wh, n, src, s1, args):
     for label, a, b in (("UPDATE 0.1 %", m1, m2), ("DELETE 0.01 %", m2, m3), ("DELETE 10 rows", m3, m4)):
         for binary in bins:
             cmd = [binary, "changes", "--config", cfg, "--from-snapshot", str(a), "--to-snapshot", str(b)]
-            best = min((measured_err(cmd) for _ in range(args.runs)), key=lambda r: r[1])
+            best = min((measured(cmd) for _ in range(args.runs)), key=lambda r: r[1])
             mb = float(best[4].split(" MB read")[0].rsplit(" ", 1)[1])
             steps.append((label, os.path.basename(binary), best[1], mb))
-    sql = f"SELECT count(*), bit_xor(hash({COLS})) FROM read_parquet({sorted(touched)!r})"
-    code = f"import duckdb\ncon = duckdb.connect()\ncon.execute('SET threads=1')\nprint(con.execute({sql!r}).fetchall())"
-    raw = min((measured([sys.executable, "-c", code]) for _ in range(args.runs)), key=lambda r: r[1])
+    raw = raw_scan(touched, args.runs)
     try:
         spark.sql(f"CALL {CAT}.system.create_changelog_view(table => 'db.mor_{n}', options => map('start-snapshot-id', '{m1}', "
                   f"'end-snapshot-id', '{m3}'), changelog_view => 'mor_changes_{n}', compute_updates => true, identifier_columns => array('id'))")

@@ -791,16 +791,14 @@ fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<b
 /// rows by position, costs less than reading the file once. Denser deletes touch nearly every page, so the second
 /// read would decode the file again (measured: 12 % of the rows deleted made it 1.2× the bytes and +12 % CPU).
 fn few_equality_keys(job: &FileJob) -> bool {
-    let eq = |deletes: &[Arc<FileEntry>]| -> HashMap<String, u64> {
-        deletes
-            .iter()
-            .filter(|d| d.file.content_type() == DataContentType::EqualityDeletes)
-            .map(|d| (d.path().to_string(), d.file.record_count()))
-            .collect()
-    };
-    let (before, after) = (eq(&job.before.1), eq(&job.after.1));
+    let (before, after) = (equality_deletes(&job.before.1), equality_deletes(&job.after.1));
     let keys: u64 = before.iter().chain(&after).filter(|(p, _)| before.contains_key(*p) != after.contains_key(*p)).map(|(_, n)| n).sum();
     keys.saturating_mul(KEY_FIRST_ROWS_PER_KEY) <= job.file.file.record_count()
+}
+
+/// The equality-delete files among `deletes`: path → rows (keys) it holds.
+fn equality_deletes(deletes: &[Arc<FileEntry>]) -> HashMap<&str, u64> {
+    deletes.iter().filter(|d| d.file.content_type() == DataContentType::EqualityDeletes).map(|d| (d.path(), d.file.record_count())).collect()
 }
 
 /// See [`few_equality_keys`].
@@ -813,10 +811,7 @@ fn positional_change(job: &FileJob, before: &StateDeletes, after: &StateDeletes)
     if !(before.exists && after.exists) {
         return None;
     }
-    let eq = |deletes: &[Arc<FileEntry>]| -> HashSet<String> {
-        deletes.iter().filter(|d| d.file.content_type() == DataContentType::EqualityDeletes).map(|d| d.path().to_string()).collect()
-    };
-    (eq(&job.before.1) == eq(&job.after.1)).then(|| &before.positions ^ &after.positions)
+    (equality_deletes(&job.before.1) == equality_deletes(&job.after.1)).then(|| &before.positions ^ &after.positions)
 }
 
 /// What a carry-over group's worker receives: rows in the protocol's order, then the end.
@@ -880,9 +875,7 @@ async fn diff_file(
             return Ok(FileRead { rows: 0, bytes });
         }
         let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), Some(&changed)).await?;
-        if read.rows_in_file != f.file.record_count() {
-            return Err(Error::data(f.path(), format!("file has {} rows but its manifest entry says {}", read.rows_in_file, f.file.record_count())));
-        }
+        check_rows(f, read.rows_in_file)?;
         let mut stream = Box::pin(read.stream);
         let mut positions = changed.iter().take_while(|p| *p < read.rows_in_file);
         let mut rows = 0u64;
@@ -906,14 +899,20 @@ async fn diff_file(
         let at = At::From(offset);
         offset += batch.num_rows() as u64;
         if !states.send(&batch, at, tx).await? {
-            return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
             // receiver gone: the scan failed elsewhere
+            return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
         }
     }
-    if offset != f.file.record_count() {
-        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
-    }
+    check_rows(f, offset)?;
     Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
+}
+
+/// A file's rows as read must be the rows its manifest entry counts (else positions would point at other rows).
+fn check_rows(f: &FileEntry, rows: u64) -> Result<()> {
+    if rows != f.file.record_count() {
+        return Err(Error::data(f.path(), format!("file has {rows} rows but its manifest entry says {}", f.file.record_count())));
+    }
+    Ok(())
 }
 
 /// The positions of a file whose liveness changes, and the bytes read to find them.
@@ -939,9 +938,7 @@ async fn changed_by_equality(shared: &FileReads, f: &FileEntry, schema: &SchemaR
         positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
         offset += batch.num_rows() as u64;
     }
-    if offset != f.file.record_count() {
-        return Err(Error::data(f.path(), format!("file has {offset} rows but its manifest entry says {}", f.file.record_count())));
-    }
+    check_rows(f, offset)?;
     Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
 }
 
