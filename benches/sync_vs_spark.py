@@ -261,7 +261,7 @@ def main():
     print("\n| rows | bootstrap wall s | bootstrap CPU s | bootstrap CPU s per GB read | bootstrap peak RSS MB | sync wall / CPU (2 cores) |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        w, c, rss, _ = r["boot"]
+        w, c, rss = r["boot"][:3]
         print(f"| {r['n']:,} | {w:.2f} | {c:.2f} | {c / (r['boot_read'] / 1e9):.1f} | {rss:.0f} | {r['cdc_wall'] / r['cdc_cpu']:.2f} |")
     for r in results:
         s = r["summary"]
