@@ -40,6 +40,7 @@ pub fn scan_options(cfg: &Config) -> ScanOptions {
         memory_budget: cfg.engine.memory_budget,
         spill_dir: cfg.engine.spill_dir.clone().unwrap_or_else(std::env::temp_dir),
         concurrency: cfg.engine.read_concurrency,
+        key_order: true,
     }
 }
 
@@ -312,7 +313,11 @@ pub async fn run_once(
     let key_ids = info.key_ids.clone();
     let src = SyncSource { cfg, table: source.clone(), end };
     // One scan for the run: its delete cache serves every commit.
-    let mut scan = ChangelogScan::new(source, &src.schema_at(&src.end), key_ids, scan_options(cfg))?;
+    // the sink's writers run beside the scan (a partition-aligned rewrite is written while other groups match): the
+    // scan divides what they leave of the budget
+    let scan_budget = cfg.engine.memory_budget.saturating_sub(sink.reserved_memory()).max(1);
+    let opts = ScanOptions { key_order: sink.needs_key_order(), memory_budget: scan_budget, ..scan_options(cfg) };
+    let mut scan = ChangelogScan::new(source, &src.schema_at(&src.end), key_ids, opts)?;
     if let Some(cache) = &control.cache {
         scan = scan.with_cache(cache.clone());
     }

@@ -45,6 +45,14 @@ impl Sink for FanOut<'_> {
         self.sinks.iter().filter_map(|s| s.snapshots_per_commit()).min()
     }
 
+    fn reserved_memory(&self) -> u64 {
+        self.sinks.iter().map(|s| s.reserved_memory()).sum()
+    }
+
+    fn needs_key_order(&self) -> bool {
+        self.sinks.iter().any(|s| s.needs_key_order())
+    }
+
     fn recorded<'b>(&'b mut self, source: &'b SourceInfo) -> BoxFuture<'b, Result<Option<i64>>> {
         async move {
             let mut all = Vec::new();

@@ -111,6 +111,17 @@ pub trait Sink: Send {
     fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>>;
     /// Opens a commit for `chunk`.
     fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>>;
+    /// Bytes of `engine.memory_budget` the sink's own buffers may hold while the scan runs (its writers); the scan
+    /// divides the rest, so that the two together stay within the budget.
+    fn reserved_memory(&self) -> u64 {
+        0
+    }
+    /// Whether the change rows of each snapshot must come in key order. A sink that applies a snapshot as a whole
+    /// does not need it (each key's rows still come together, netted); one that resumes inside a snapshot by
+    /// counting rows does (Kafka).
+    fn needs_key_order(&self) -> bool {
+        true
+    }
     /// Change rows of the open commit, in order.
     fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>>;
     /// Commits the open commit with its progress. `stop`: a shutdown request abandons it before the final call.

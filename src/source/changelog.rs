@@ -48,6 +48,10 @@ pub struct ScanOptions {
     pub memory_budget: u64,
     pub spill_dir: PathBuf,
     pub concurrency: usize,
+    /// The change rows of a snapshot in key order (`cdc changes`, and Kafka, which resumes inside a snapshot by
+    /// counting rows). `false` lets a sink that applies each snapshot whole take the rows of a partition-aligned
+    /// copy-on-write rewrite group by group, as each group finishes: netted per group, in key order within it.
+    pub key_order: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -197,7 +201,7 @@ pub struct ChangelogScan<'a> {
     cache: Arc<DeleteCache>,
     /// Shared by every file this scan reads: the source row groups held at once stay within [`READ_SHARE`].
     gate: reader::ReadGate,
-    /// Matcher tables handed from one carry-over group to the next.
+    /// Matcher tables handed from one carry-over group to the next (of one snapshot).
     matchers: Arc<std::sync::Mutex<Vec<crate::source::matcher::Matcher>>>,
 }
 
@@ -276,10 +280,33 @@ impl<'a> ChangelogScan<'a> {
         let carry_over = plan.added_data > 0 && (plan.removed_data > 0 || !plan.changed_deletes.is_empty());
         // beside carry-over cancellation the netter gets a small share: it only sees the real changes
         let netting_budget = share_of(self.opts.memory_budget, if carry_over { NET_SHARE_BESIDE_CARRY } else { NET_SHARE });
+        let commit = CommitInfo {
+            snapshot_id: snapshot.snapshot_id(),
+            sequence_number: snapshot.sequence_number(),
+            timestamp_ms: snapshot.timestamp_ms(),
+            ordinal,
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+        if carry_over && !self.opts.key_order && self.partition_aligned(&jobs) {
+            // Every row of a key is in one partition: each group nets its own survivors and hands them on as it
+            // finishes, so the sink writes while other groups still match, and no snapshot-wide sort is needed.
+            tracing::debug!(snapshot = snapshot.snapshot_id(), "netting by partition group: every row of a key is in one partition");
+            let net = GroupNet::Own { data_schema: data_schema.clone(), key_idx, budget: netting_budget, tx };
+            let pushing = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net);
+            let (pushed, counts) = futures::future::try_join(pushing, self.deliver(rx, commit, sink)).await?;
+            (stats.files_read, stats.rows_read, stats.bytes_read) = pushed.totals;
+            (stats.carry, stats.net, stats.counts) = (pushed.carry, pushed.net, counts);
+            return Ok(stats);
+        }
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
         let totals = if carry_over {
-            let pushed = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, netter).await?;
-            (netter, stats.carry) = (pushed.netter, pushed.carry);
+            let shared = Arc::new(std::sync::Mutex::new(netter));
+            let pushed = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, GroupNet::Shared(shared.clone())).await?;
+            stats.carry = pushed.carry;
+            netter = Arc::try_unwrap(shared)
+                .map_err(|_| Error::Internal("a carry-over worker still holds the netter".into()))?
+                .into_inner()
+                .map_err(|_| Error::Internal("a carry-over worker panicked while netting".into()))?;
             pushed.totals
         } else {
             let read = ReadSpec { schema: &data_schema, schema_id, fingerprint: false, views: false };
@@ -287,16 +314,7 @@ impl<'a> ChangelogScan<'a> {
         };
         (stats.files_read, stats.rows_read, stats.bytes_read) = totals;
 
-        let commit = CommitInfo {
-            snapshot_id: snapshot.snapshot_id(),
-            sequence_number: snapshot.sequence_number(),
-            timestamp_ms: snapshot.timestamp_ms(),
-            ordinal,
-        };
-        let out_data_schema = data_part(&self.out_schema);
-        let mut counts = [0u64; 4];
         // the merge of the sorted runs runs on a thread of its own, so that it overlaps with the sink's writing
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
         let merging = tokio::task::spawn_blocking(move || {
             // finishing may merge spilled runs in passes first: that is blocking work too
             let mut merge = netter.finish()?;
@@ -307,6 +325,16 @@ impl<'a> ChangelogScan<'a> {
             }
             Ok::<_, Error>(merge.stats())
         });
+        stats.counts = self.deliver(rx, commit, sink).await?;
+        stats.net = merging.await.map_err(|e| Error::Internal(format!("merging change rows failed: {e}")))??;
+        Ok(stats)
+    }
+
+    /// Hands netted batches (data columns + `_change_type` code) to `sink` with the commit's metadata columns, in
+    /// the schema of the output; counts the rows per change type.
+    async fn deliver(&self, mut rx: tokio::sync::mpsc::Receiver<RecordBatch>, commit: CommitInfo, sink: &mut impl ChangeSink) -> Result<[u64; 4]> {
+        let out_data_schema = data_part(&self.out_schema);
+        let mut counts = [0u64; 4];
         while let Some(b) = rx.recv().await {
             let n = b.num_columns();
             let types = b.column(n - 1).clone();
@@ -322,9 +350,26 @@ impl<'a> ChangelogScan<'a> {
             }
             sink.write(batch).await?;
         }
-        stats.net = merging.await.map_err(|e| Error::Internal(format!("merging change rows failed: {e}")))??;
-        stats.counts = counts;
-        Ok(stats)
+        Ok(counts)
+    }
+
+    /// Whether every row of a key lives in one partition, so that a snapshot's rows of one key all meet in one
+    /// carry-over group: every file has the same partitioned spec and each of its fields derives from a key column
+    /// (any transform of the key is a function of it), or the table has no key (the whole row is the key).
+    fn partition_aligned(&self, jobs: &[FileJob]) -> bool {
+        let Some(first) = jobs.first() else {
+            return false;
+        };
+        if first.file.unpartitioned || jobs.iter().any(|j| j.file.spec_id != first.file.spec_id) {
+            return false;
+        }
+        if self.key_ids.is_empty() {
+            return true;
+        }
+        let Some(spec) = self.table.metadata().partition_spec_by_id(first.file.spec_id) else {
+            return false;
+        };
+        spec.fields().iter().all(|f| self.key_ids.contains(&f.source_id))
     }
 }
 
@@ -474,7 +519,7 @@ impl ChangelogScan<'_> {
         jobs: &[FileJob],
         schema: &SchemaRef,
         schema_id: i32,
-        netter: Netter,
+        net: GroupNet,
     ) -> Result<CarryPushed> {
         let groups = carry_over_groups(jobs);
         // groups are CPU work (decode, fingerprint): as many at once as there are cores, within the read concurrency
@@ -484,23 +529,28 @@ impl ChangelogScan<'_> {
         let share = (share_of(self.opts.memory_budget, CARRY_SHARE) / k as u64).max(1);
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true, views: false };
-        let netter = Arc::new(std::sync::Mutex::new(netter));
-        let done: Vec<((u64, u64, u64), CarryStats)> =
-            futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &netter)))
-                .buffer_unordered(k)
-                .try_collect()
-                .await?;
-        let mut carry = CarryStats::default();
-        let mut totals = (0, 0, 0);
-        for (t, c) in done {
-            totals = (totals.0 + t.0, totals.1 + t.1, totals.2 + t.2);
-            carry.absorb(c);
+        // a netter per group shares the netting budget like the groups share theirs
+        let net = match net {
+            GroupNet::Own { data_schema, key_idx, budget, tx } => GroupNet::Own { data_schema, key_idx, budget: (budget / k as u64).max(1), tx },
+            shared => shared,
+        };
+        let done: Vec<GroupDone> = futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &net)))
+            .buffer_unordered(k)
+            .try_collect()
+            .await?;
+        // The tables handed between groups are freed with the last group: kept, they held ~50 MB at 10 M rows
+        // through the merge and the sink's writing, where the scan's peak memory is.
+        if let Ok(mut pool) = self.matchers.lock() {
+            pool.clear();
         }
-        let netter = Arc::try_unwrap(netter)
-            .map_err(|_| Error::Internal("a carry-over worker still holds the netter".into()))?
-            .into_inner()
-            .map_err(|_| Error::Internal("a carry-over worker panicked while netting".into()))?;
-        Ok(CarryPushed { netter, totals, carry })
+        let mut pushed = CarryPushed::default();
+        for g in done {
+            let (t, p) = (g.totals, pushed.totals);
+            pushed.totals = (p.0 + t.0, p.1 + t.1, p.2 + t.2);
+            pushed.carry.absorb(g.carry);
+            pushed.net.absorb(g.net);
+        }
+        Ok(pushed)
     }
 
     /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
@@ -517,8 +567,8 @@ impl ChangelogScan<'_> {
         read: &ReadSpec<'_>,
         share: u64,
         concurrency: usize,
-        netter: &Arc<std::sync::Mutex<Netter>>,
-    ) -> Result<((u64, u64, u64), CarryStats)> {
+        net: &GroupNet,
+    ) -> Result<GroupDone> {
         let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
         let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
@@ -527,14 +577,21 @@ impl ChangelogScan<'_> {
         let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == 1, ..*read };
         let (schema, spill_dir) = (read.schema.clone(), self.opts.spill_dir.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel::<GroupRows>(2);
-        let (netter, pool) = (netter.clone(), self.matchers.clone());
+        let (net, pool) = (net.clone(), self.matchers.clone());
         // Ok(None): the feed stopped early (a read failed; its error is the one reported)
         let worker = tokio::spawn(async move {
             // built here: sizing a large matcher writes every page of its table
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
             let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled);
-            let mut emit =
-                |side: Side, b: RecordBatch| netter.lock().map_err(|_| Error::Internal("the netter's lock is poisoned".into()))?.push(side, b);
+            let mut own = match &net {
+                GroupNet::Own { data_schema, key_idx, budget, .. } => Some(Netter::new(data_schema.clone(), key_idx.clone(), *budget, &spill_dir)?),
+                GroupNet::Shared(_) => None,
+            };
+            let mut emit = |side: Side, b: RecordBatch| match (&mut own, &net) {
+                (Some(n), _) => n.push(side, b),
+                (None, GroupNet::Shared(n)) => n.lock().map_err(|_| Error::Internal("the netter's lock is poisoned".into()))?.push(side, b),
+                (None, GroupNet::Own { .. }) => unreachable!("an own netter is made above"),
+            };
             while let Some(msg) = rx.recv().await {
                 let rows = match msg {
                     GroupRows::Rows(rows) => rows,
@@ -543,7 +600,17 @@ impl ChangelogScan<'_> {
                         if let Ok(mut p) = pool.lock() {
                             p.push(matcher);
                         }
-                        return Ok(Some(stats));
+                        let mut netted = NetStats::default();
+                        if let (Some(n), GroupNet::Own { tx, .. }) = (own.take(), &net) {
+                            let mut merge = n.finish()?;
+                            while let Some(b) = merge.next_batch()? {
+                                if tx.send(b).await.is_err() {
+                                    return Ok(None); // the sink failed: its error is the one reported
+                                }
+                            }
+                            netted = merge.stats();
+                        }
+                        return Ok(Some((stats, netted)));
                     }
                 };
                 match rows.side {
@@ -565,14 +632,14 @@ impl ChangelogScan<'_> {
         .await;
         drop(tx);
         let worked = worker.await.map_err(|e| Error::Internal(format!("carry-over worker failed: {e}")))?;
-        let (a, r, stats) = match (fed, worked) {
+        let (a, r, stats, net) = match (fed, worked) {
             // the worker's own failure, which also explains a feed that could not send
             (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
             (Ok(_), Ok(None)) => return Err(Error::Internal("the carry-over worker stopped before the end".into())),
-            (Ok((a, r)), Ok(Some(stats))) => (a, r, stats),
+            (Ok((a, r)), Ok(Some((stats, net)))) => (a, r, stats, net),
         };
         tracing::debug!(added_upper, share, parts = stats.parts, spilled = stats.spilled_bytes, cancelled = stats.cancelled, "carry-over group done");
-        Ok(((a.0 + r.0, a.1 + r.1, a.2 + r.2), stats))
+        Ok(GroupDone { totals: (a.0 + r.0, a.1 + r.1, a.2 + r.2), carry: stats, net })
     }
 
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
@@ -820,13 +887,32 @@ enum GroupRows {
     Done,
 }
 
-/// What pushing a snapshot's rows through carry-over gives back.
-struct CarryPushed {
-    /// The netter, holding the surviving rows.
-    netter: Netter,
+/// Where a carry-over group's survivors go.
+#[derive(Clone)]
+enum GroupNet {
+    /// Into the snapshot's netter, shared by every group (its merge puts the whole snapshot in key order).
+    Shared(Arc<std::sync::Mutex<Netter>>),
+    /// Into a netter of the group's own, whose netted rows go to `tx` when the group is done (partition-aligned
+    /// groups; see `ScanOptions::key_order`).
+    Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch> },
+}
+
+/// What one carry-over group did.
+struct GroupDone {
     /// (files, rows, bytes) read.
     totals: (u64, u64, u64),
     carry: CarryStats,
+    /// The group's own netting (zero when it shared the snapshot's netter).
+    net: NetStats,
+}
+
+/// What pushing a snapshot's rows through carry-over gives back: the sums over its groups.
+#[derive(Default)]
+struct CarryPushed {
+    /// (files, rows, bytes) read.
+    totals: (u64, u64, u64),
+    carry: CarryStats,
+    net: NetStats,
 }
 
 /// What every file task of one scan shares.

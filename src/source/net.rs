@@ -45,6 +45,20 @@ pub struct NetStats {
     pub merge_passes: u64,
 }
 
+impl NetStats {
+    /// Adds another netter's statistics (the peak: the larger one).
+    pub fn absorb(&mut self, o: NetStats) {
+        self.removed_rows += o.removed_rows;
+        self.added_rows += o.added_rows;
+        self.spilled_runs += o.spilled_runs;
+        self.spilled_bytes += o.spilled_bytes;
+        self.peak_buffered_bytes = self.peak_buffered_bytes.max(o.peak_buffered_bytes);
+        self.buffered_rows += o.buffered_rows;
+        self.buffered_bytes += o.buffered_bytes;
+        self.merge_passes += o.merge_passes;
+    }
+}
+
 /// Rows per batch of a spilled run: small, so that a merge can read many runs at once within the budget.
 const RUN_BATCH: usize = 2048;
 

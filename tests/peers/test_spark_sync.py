@@ -121,6 +121,42 @@ def test_sync_into_many_partitions_with_a_small_budget(spark, spark_tables, ware
     assert positional > 0, "rows rewritten within one commit must be deleted by position"
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["partitioned-by-key", "partitioned-by-other-column"])
+def test_copy_on_write_rewrites_netted_by_partition_when_the_key_decides_it(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, aligned):
+    """Copy-on-write UPDATE/DELETE/MERGE over 30k rows, a 1 MiB budget (carry-over in parts, netting spilled) and
+    commits of several snapshots. Partitioned by bucket(4, id), every row of a key is in one partition: each
+    partition's changes are netted alone and written as it finishes (the debug log says so). Partitioned by `cat`,
+    which the first UPDATE changes, rows move between partitions — an update's two rows are in different groups — so
+    the snapshot must be netted as a whole, and is. Either way Spark reads an exact replica."""
+    t = f"{CAT}.db.cow_groups_{'key' if aligned else 'other'}"
+    spark.sql(f"DROP TABLE IF EXISTS {t}")
+    part = "bucket(4, id)" if aligned else "cat"
+    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, cat STRING, v STRING, n INT) USING iceberg PARTITIONED BY ({part}) "
+              "TBLPROPERTIES ('format-version'='2', 'write.update.mode'='copy-on-write', 'write.delete.mode'='copy-on-write', "
+              "'write.merge.mode'='copy-on-write')")
+    spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+    spark.range(0, 30000).selectExpr("id", "concat('c', id % 4) as cat", "concat('v', id) as v", "cast(id % 7 as int) as n").writeTo(t).append()
+    spark.sql(f"UPDATE {t} SET v = concat(v, '-u'), cat = 'c9' WHERE id % 10 = 0")  # a new partition for a tenth of the rows
+    spark.sql(f"DELETE FROM {t} WHERE id % 50 = 1")
+    spark.sql(f"MERGE INTO {t} t USING (SELECT id, IF(id < 30000, 'm', 'new') AS tag FROM range(29900, 30100)) s ON t.id = s.id "
+              "WHEN MATCHED THEN UPDATE SET t.v = s.tag, t.cat = 'c1' "
+              "WHEN NOT MATCHED THEN INSERT (id, cat, v, n) VALUES (s.id, 'c2', s.tag, 0)")
+    spark.sql(f"UPDATE {t} SET n = n + 1000 WHERE id % 20 = 0")  # rows this commit already rewrote, rewritten again
+    snaps = lineage(spark, t)
+    section, tgt = target_section("sql", f"cow_groups.{'key' if aligned else 'other'}", warehouse, rest_catalog, sql_target, "snapshots_per_commit = 2")
+    cfg = write_config(str(tmp_path / "cdc.toml"), t.split(".", 1)[1], warehouse, f'[engine]\nmemory_budget = "1MiB"\nspill_dir = "{tmp_path}"', target=section)
+    run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
+    p = run_cdc("sync", "--config", cfg, "--json", "--log", "iceberg_cdc=debug")
+    summary = json.loads(p.stdout)
+    assert summary["source_snapshots_applied"] == len(snaps) - 1, summary
+    # inserts: ids 30000-30099, and 29901 and 29951, which the DELETE removed and the MERGE brings back
+    assert summary["updates"] >= 3000 + 200 and summary["deletes"] == 600 and summary["inserts"] == 102, summary
+    assert summary["spilled_bytes"] > 0, summary
+    by_group = p.stderr.count("netting by partition group")
+    assert by_group == (len(snaps) - 1 if aligned else 0), p.stderr[-3000:]
+    assert_replica(spark, t, tgt, ["id", "cat", "v", "n"])
+
+
 @pytest.mark.parametrize("partitioned", [False, True], ids=["global", "by-partition"])
 def test_merge_on_read_deletes_with_a_small_budget(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, partitioned):
     """A merge-on-read MERGE on a v3 table (deletion vectors) of 200k rows, several times a 1 MiB budget: `cdc

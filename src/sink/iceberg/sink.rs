@@ -196,7 +196,7 @@ impl<'c> IcebergSink<'c> {
             map: &evolution.map,
             equality_ids,
             target_file_size: self.cfg.target_file_size,
-            write_budget: self.memory_budget / 4,
+            write_budget: self.reserved_memory(),
             bootstrap: chunk.bootstrap,
             multi_snapshot: chunk.snapshots.len() > 1,
             delete_spec: Self::delete_spec(table),
@@ -381,6 +381,16 @@ impl Sink for IcebergSink<'_> {
 
     fn snapshots_per_commit(&self) -> Option<usize> {
         self.cfg.snapshots_per_commit
+    }
+
+    /// The writers' share: a quarter of the budget (row groups being built, dictionaries, open files).
+    fn reserved_memory(&self) -> u64 {
+        self.memory_budget / 4
+    }
+
+    /// A commit's equality deletes and rows apply whole: rows may come group by group (each key's together).
+    fn needs_key_order(&self) -> bool {
+        false
     }
 
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
