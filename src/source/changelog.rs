@@ -6,6 +6,11 @@
 //! sequence ≥ the file's, equality deletes with sequence > the file's, in its partition or globally). This single rule
 //! covers appends, copy-on-write rewrites, position deletes, deletion vectors (including a DV replacing an older one),
 //! equality deletes and rows added and deleted in the same snapshot.
+//!
+//! A copy-on-write rewrite first cancels the rows it removed and re-added unchanged, per partition group
+//! ([`super::carry`]); the survivors are netted into change rows ([`super::net`]): for the whole snapshot at once,
+//! which puts it in key order, or — when every row of a key lives in one partition and the consumer applies the
+//! snapshot whole (`ScanOptions::key_order` false) — per group, each group's rows handed on as it finishes.
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -508,11 +513,11 @@ impl ChangelogScan<'_> {
     ///
     /// Identical rows have identical partition values, so when every file involved has the same partitioned spec
     /// the pairs can only form inside one partition: each partition is a group with its own small fingerprint
-    /// table, and up to `concurrency` groups run at once, sharing three quarters of the budget (the netter has the
-    /// rest). Each group matches in a task of its own (see `cancel_group`); the netter, which they share, comes
-    /// back in the result.
-    /// Otherwise (unpartitioned tables, files of several specs) all files form one group. A pair missed by the
-    /// grouping would still cancel in the netter: grouping decides the cost, never the result.
+    /// table, and up to `concurrency` groups run at once, sharing 9/16 of the budget (the netting has 3/16). Each
+    /// group matches in a task of its own (see `cancel_group`) and hands its survivors to `net`: the snapshot's
+    /// netter, or, when the partition follows the key, a netter of the group's own that sends its netted rows on.
+    /// Otherwise (unpartitioned tables, files of several specs) all files form one group. With a shared netter, a
+    /// pair missed by the grouping would still cancel there: grouping decides the cost, never the result.
     async fn push_without_carry_over(
         &self,
         snapshot: &SnapshotRef,
