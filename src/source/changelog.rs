@@ -588,15 +588,8 @@ impl ChangelogScan<'_> {
             // built here: sizing a large matcher writes every page of its table
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
             let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled);
-            let mut own = match &net {
-                GroupNet::Own { data_schema, key_idx, budget, .. } => Some(Netter::new(data_schema.clone(), key_idx.clone(), *budget, &spill_dir)?),
-                GroupNet::Shared(_) => None,
-            };
-            let mut emit = |side: Side, b: RecordBatch| match (&mut own, &net) {
-                (Some(n), _) => n.push(side, b),
-                (None, GroupNet::Shared(n)) => n.lock().map_err(|_| Error::Internal("the netter's lock is poisoned".into()))?.push(side, b),
-                (None, GroupNet::Own { .. }) => unreachable!("an own netter is made above"),
-            };
+            let mut survivors = Survivors::new(net, &spill_dir)?;
+            let mut emit = |side: Side, b: RecordBatch| survivors.push(side, b);
             while let Some(msg) = rx.recv().await {
                 let rows = match msg {
                     GroupRows::Rows(rows) => rows,
@@ -605,17 +598,8 @@ impl ChangelogScan<'_> {
                         if let Ok(mut p) = pool.lock() {
                             p.push(matcher);
                         }
-                        let mut netted = NetStats::default();
-                        if let (Some(n), GroupNet::Own { tx, .. }) = (own.take(), &net) {
-                            let mut merge = n.finish()?;
-                            while let Some(b) = merge.next_batch()? {
-                                if tx.send(b).await.is_err() {
-                                    return Ok(None); // the sink failed: its error is the one reported
-                                }
-                            }
-                            netted = merge.stats();
-                        }
-                        return Ok(Some((stats, netted)));
+                        // None: the sink failed, and its error is the one reported
+                        return Ok(survivors.finish().await?.map(|netted| (stats, netted)));
                     }
                 };
                 match rows.side {
@@ -900,6 +884,43 @@ enum GroupNet {
     /// Into a netter of the group's own, whose netted rows go to `tx` when the group is done (partition-aligned
     /// groups; see `ScanOptions::key_order`).
     Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch> },
+}
+
+/// A group's survivors on their way, in the group's worker: made from its [`GroupNet`].
+enum Survivors {
+    Shared(Arc<std::sync::Mutex<Netter>>),
+    Own(Box<Netter>, tokio::sync::mpsc::Sender<RecordBatch>),
+}
+
+impl Survivors {
+    fn new(net: GroupNet, spill_dir: &std::path::Path) -> Result<Self> {
+        Ok(match net {
+            GroupNet::Shared(n) => Survivors::Shared(n),
+            GroupNet::Own { data_schema, key_idx, budget, tx } => Survivors::Own(Box::new(Netter::new(data_schema, key_idx, budget, spill_dir)?), tx),
+        })
+    }
+
+    fn push(&mut self, side: Side, batch: RecordBatch) -> Result<()> {
+        match self {
+            Survivors::Shared(n) => n.lock().map_err(|_| Error::Internal("the netter's lock is poisoned".into()))?.push(side, batch),
+            Survivors::Own(n, _) => n.push(side, batch),
+        }
+    }
+
+    /// An own netter nets the group and sends its rows on; its statistics, or None when the receiver is gone. A
+    /// shared netter is finished by the scan: nothing to do here.
+    async fn finish(self) -> Result<Option<NetStats>> {
+        let Survivors::Own(netter, tx) = self else {
+            return Ok(Some(NetStats::default()));
+        };
+        let mut merge = netter.finish()?;
+        while let Some(b) = merge.next_batch()? {
+            if tx.send(b).await.is_err() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(merge.stats()))
+    }
 }
 
 /// What one carry-over group did.
