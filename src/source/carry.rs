@@ -9,7 +9,7 @@
 //! [`CarryOver::finish`] emits the added rows no removed row cancelled.
 //!
 //! Memory is bounded by `share`, whatever the size of the group, and no data file is read twice:
-//! - one part (the added rows' [`Matcher`] fits half the share): added fingerprints go into the matcher; added rows
+//! - one part (the added rows' [`Matcher`] fits the share): added fingerprints go into the matcher; added rows
 //!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
 //!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
 //! - several parts: rows of each side are appended once, whole batches in arrival order, to one spill file per side
@@ -134,17 +134,19 @@ impl CarryOver {
         }
     }
 
-    /// The parts a carry-over of these arguments to [`CarryOver::new`] uses: what its matcher needs fits half the
-    /// share (the other half keeps rows).
+    /// The parts a carry-over of these arguments to [`CarryOver::new`] uses: one whenever the added rows' matcher
+    /// fits the share (the rows it leaves no room for spill, the removed side streams through), else as many as
+    /// keep each part's matcher, with the two sides' bitmaps, within it.
     pub(crate) fn parts_for(added_upper: u64, share: u64) -> u64 {
-        let half = (share / 2).max(1);
-        if Matcher::bytes_for(added_upper) <= half {
+        if Matcher::bytes_for(added_upper) <= share {
             return 1;
         }
-        // a part's matcher also maps its rows back to their numbers (4 bytes a row)
+        // both sides' bitmaps (the removed side is about as large), and a part's matcher maps its rows back to their
+        // numbers (4 bytes a row)
+        let room = share.saturating_sub(added_upper.div_ceil(8) * 2).max(1);
         let part_bytes = |parts: u64| Matcher::bytes_for(added_upper.div_ceil(parts)) + added_upper.div_ceil(parts) * 4;
-        let mut parts = (added_upper * 34 / half).max(2); // a part holds more than 34 bytes a row
-        while part_bytes(parts) > half && parts < added_upper.max(1) {
+        let mut parts = (added_upper * 20 / room).max(2); // a part holds more than 20 bytes a row
+        while part_bytes(parts) > room && parts < added_upper.max(1) {
             parts += 1;
         }
         parts
@@ -528,13 +530,13 @@ mod tests {
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
         // fingerprints split into parts
-        let (got, st) = run(&removed, &added, 2 * Matcher::bytes_for(500));
+        let (got, st) = run(&removed, &added, Matcher::bytes_for(500));
         assert!(st.parts >= 6, "{st:?}");
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
         // strings read as views on either side: the same pairs cancel and survivors leave as plain strings (the emit
         // above downcasts to StringArray), in memory, overflowing and in parts
-        for share in [64 << 20, 2 * Matcher::bytes_for(3100), 2 * Matcher::bytes_for(500)] {
+        for share in [64 << 20, 2 * Matcher::bytes_for(3100), Matcher::bytes_for(500)] {
             for views in [(true, true), (true, false), (false, true)] {
                 assert_eq!(run_with(&removed, &added, share, views).0, expected, "{share} {views:?}");
             }

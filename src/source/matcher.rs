@@ -1,142 +1,141 @@
-//! Matching removed rows against added rows by fingerprint, with two passes over memory-random data instead of three.
+//! Matching removed rows against added rows by fingerprint: a multiset difference in 16 bytes a row.
 //!
-//! Carry-over ([`super::carry`]) counts the added rows' fingerprints, lets every removed row use up one identical
-//! added row, and finally emits the added rows nothing used up. With a counting map the last step looks every added
-//! row up again; on large groups each lookup is a cache miss, and profiles showed the map as a quarter of a sync.
+//! Carry-over ([`super::carry`]) lets every removed row use up one identical added row (same fingerprint), and finally
+//! emits the added rows nothing used up. All added rows arrive before the first removed row, so the added side can be
+//! a static structure built once, in between.
 //!
-//! Here added rows are numbered in the order they arrive (0, 1, …). The table maps a fingerprint to the newest added
-//! row that has it; `next` chains older rows with the same fingerprint (duplicate rows), so a removed row that matches
-//! takes one row off the chain and marks it in a bitmap. The added rows are later replayed in the same order and
-//! survive unless marked — a sequential bitmap read, no lookup.
+//! Added rows are numbered in the order they arrive (0, 1, …) and appended as 16-byte entries: 96 bits of the
+//! fingerprint and the row's number. The first removed row seals the matcher: the entries are radix-partitioned
+//! in place into buckets by the top bits of the fingerprint's low half, about four rows a bucket, and a directory
+//! gives each bucket's first entry. A removed row looks at its bucket only (one or two cache lines) and takes the
+//! first entry with its fingerprint whose row is not taken yet, marking that row in a bitmap; duplicate rows are simply
+//! equal entries of one bucket. The added rows are later replayed in the order they came and survive unless marked — a
+//! sequential bitmap read, no lookup.
 //!
-//! The table is open addressing with linear probing over the fingerprint's low 64 bits (fingerprints are hashes
-//! already), kept at most three quarters full. A slot holds the fingerprint and the head of its chain side by side,
-//! so a probe touches one cache line (rarely two), and batch operations prefetch the slot of the fingerprint a few
-//! rows ahead, so the misses of a large table overlap instead of queueing. A head's top bit says whether its chain
-//! goes on: a removed row that takes a row with a unique fingerprint (almost every row) never reads `next`, which
-//! would be another miss nothing prefetched.
+//! Why not a hash table: it was 36–68 bytes a row (slots of 24 bytes at most three quarters full, a power of two, plus
+//! a chain link), and every insert was a cache miss. Appending is sequential, the two partitioning passes work in
+//! cache-sized pieces, and the smaller footprint lets larger groups match in memory instead of spilling both sides
+//! ([`super::carry`]'s parts). Lookups still miss the cache once each; batch lookups prefetch a few rows ahead so the
+//! misses overlap.
+//!
+//! 96 bits (the whole low half, the low 32 bits of the high half) decide a match. Two different rows of one group
+//! would have to agree on all of them: for a group of n added and m removed rows that happens with probability
+//! n·m/2^96, about 10^-11 for a billion rows on each side.
 
-/// No row (end of a chain, empty head).
-const NONE: u32 = u32::MAX;
-/// Set in a head (or a `next` link) when the chain goes on after its row.
-const MORE: u32 = 1 << 31;
-/// How far ahead batch operations prefetch.
+/// How far ahead batch lookups prefetch a bucket's entries (the directory twice as far).
 const AHEAD: usize = 16;
+/// Rows a bucket holds on average at most (a bucket is scanned linearly).
+const BUCKET_ROWS: usize = 4;
+/// Bits of the first, in-place partitioning pass (2^11 counters fit the L1 cache).
+const FIRST_PASS_BITS: u32 = 11;
 
-/// Bytes a table slot costs (see [`Slot`]).
-const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
-
-/// One table slot: a fingerprint (both halves 0 = empty) and the head of the chain of rows that have it.
-#[derive(Clone, Copy)]
+/// One added row: 96 bits of its fingerprint and its number.
+#[derive(Clone, Copy, Default)]
 #[repr(C)]
-struct Slot {
+struct Entry {
     lo: u64,
-    hi: u64,
-    head: u32,
+    hi: u32,
+    row: u32,
 }
 
-const EMPTY: Slot = Slot { lo: 0, hi: 0, head: NONE };
-
-impl Slot {
-    fn holds(&self, fp: u128) -> bool {
-        self.lo == fp as u64 && self.hi == (fp >> 64) as u64
-    }
-
-    fn is_empty(&self) -> bool {
-        self.lo == 0 && self.hi == 0
+impl Entry {
+    fn key(fp: u128) -> (u64, u32) {
+        (fp as u64, (fp >> 64) as u32)
     }
 }
 
 /// Added rows by fingerprint; see the module header.
 pub(crate) struct Matcher {
-    slots: Vec<Slot>,
-    /// Head of the chain of rows whose fingerprint is 0 (0 marks an empty slot).
-    zero: u32,
-    len: usize,
-    /// Per added row, the head its fingerprint had before it (the rest of the chain).
-    next: Vec<u32>,
+    entries: Vec<Entry>,
+    /// Once sealed: bucket `b`'s entries are `entries[dir[b]..dir[b + 1]]`.
+    dir: Vec<u32>,
+    /// Bucket bits (the top `bits` bits of a fingerprint's low half); valid once sealed.
+    bits: u32,
+    sealed: bool,
     taken: Vec<u64>,
-    /// Added rows not yet replayed by [`Matcher::survivors`].
+    /// Added rows already replayed by [`Matcher::survivors`].
     replayed: usize,
+    /// Room for one first-pass bucket during sealing.
+    scratch: Vec<Entry>,
 }
 
 impl Matcher {
     /// A matcher sized for about `rows` added rows (it grows beyond).
     pub(crate) fn with_capacity(rows: usize) -> Self {
         Matcher {
-            slots: vec![EMPTY; slots_for(rows)],
-            zero: NONE,
-            len: 0,
-            next: Vec::with_capacity(rows),
+            entries: Vec::with_capacity(rows),
+            dir: Vec::new(),
+            bits: 0,
+            sealed: false,
             taken: Vec::with_capacity(rows.div_ceil(64)),
             replayed: 0,
+            scratch: Vec::new(),
         }
     }
 
     /// Empties the matcher and sizes it for `rows`, in the memory it has (no fresh pages to fault in).
     pub(crate) fn reset(&mut self, rows: usize) {
-        self.slots.clear();
-        self.slots.resize(slots_for(rows), EMPTY);
-        self.next.clear();
-        self.next.reserve(rows);
+        self.entries.clear();
+        self.entries.reserve(rows);
+        self.dir.clear();
         self.taken.clear();
         self.taken.reserve(rows.div_ceil(64));
-        (self.zero, self.len, self.replayed) = (NONE, 0, 0);
+        (self.bits, self.sealed, self.replayed) = (0, false, 0);
     }
 
-    /// The bytes a matcher sized for `rows` holds once it has them (table slots, a `next` link and a bit per row).
+    /// The bytes a matcher sized for `rows` holds once it has them and is sealed (entries, directory, a bit per row).
     pub(crate) fn bytes_for(rows: u64) -> u64 {
-        slots_for(rows as usize) as u64 * SLOT_BYTES + rows * 4 + rows.div_ceil(8)
+        let entries = rows * std::mem::size_of::<Entry>() as u64;
+        let dir = (buckets_for(rows as usize) as u64 + 1) * 4;
+        let scratch = entries >> FIRST_PASS_BITS.min(bits_for(rows as usize)) << 1; // a first-pass bucket, with slack
+        entries + dir + scratch + rows.div_ceil(8)
     }
 
     /// Numbers the next added rows, one per fingerprint.
     pub(crate) fn add(&mut self, fps: &[u128]) {
-        assert!(self.next.len() + fps.len() < MORE as usize, "a carry-over part holds fewer than 2^31 rows");
-        if (self.len + fps.len()) * 4 > self.slots.len() * 3 {
-            self.grow((self.len + fps.len()) * 4 / 3 + 1);
-        }
-        for (i, fp) in fps.iter().enumerate() {
-            if let Some(ahead) = fps.get(i + AHEAD) {
-                self.prefetch(*ahead);
-            }
-            let row = self.next.len() as u32;
-            let head = match self.slot(*fp) {
-                Some(s) => &mut self.slots[s].head,
-                None => &mut self.zero,
-            };
-            self.next.push(*head);
-            *head = if *head == NONE { row } else { row | MORE };
-        }
-        self.taken.resize(self.next.len().div_ceil(64), 0);
+        assert!(!self.sealed, "carry-over adds every added row before the first removed one");
+        assert!(self.entries.len() + fps.len() < u32::MAX as usize, "a carry-over part holds fewer than 2^32 rows");
+        let first = self.entries.len() as u32;
+        self.entries.extend(fps.iter().enumerate().map(|(i, fp)| {
+            let (lo, hi) = Entry::key(*fp);
+            Entry { lo, hi, row: first + i as u32 }
+        }));
+        self.taken.resize(self.entries.len().div_ceil(64), 0);
     }
 
     /// Per removed row whether it survives: a removed row that matches an added row not yet taken takes it and
     /// vanishes. Returns the mask and how many were cancelled.
     pub(crate) fn cancel(&mut self, fps: &[u128]) -> (Vec<bool>, u64) {
+        self.seal();
+        let (entries, dir, taken, bits) = (&self.entries, &self.dir, &mut self.taken, self.bits);
+        let bucket_of = |fp: u128| bucket(fp as u64, bits);
         let mut cancelled = 0;
-        let keep = fps
-            .iter()
-            .enumerate()
-            .map(|(i, fp)| {
-                if let Some(ahead) = fps.get(i + AHEAD) {
-                    self.prefetch(*ahead);
+        let mut keep = Vec::with_capacity(fps.len());
+        for (i, fp) in fps.iter().enumerate() {
+            if let Some(ahead) = fps.get(i + 2 * AHEAD) {
+                prefetch(&dir[bucket_of(*ahead)]);
+            }
+            if let Some(ahead) = fps.get(i + AHEAD) {
+                let from = dir[bucket_of(*ahead)] as usize;
+                // a bucket of four entries may straddle two cache lines
+                entries.get(from).inspect(|e| prefetch(*e));
+                entries.get(from + BUCKET_ROWS - 1).inspect(|e| prefetch(*e));
+            }
+            let (lo, hi) = Entry::key(*fp);
+            let b = bucket(lo, bits);
+            let found = entries[dir[b] as usize..dir[b + 1] as usize]
+                .iter()
+                .map(|e| (e, e.row as usize))
+                .find(|(e, row)| e.lo == lo && e.hi == hi && taken[row / 64] & (1 << (row % 64)) == 0);
+            match found {
+                Some((_, row)) => {
+                    taken[row / 64] |= 1 << (row % 64);
+                    cancelled += 1;
+                    keep.push(false);
                 }
-                let head = match self.find(*fp) {
-                    Some(s) => &mut self.slots[s].head,
-                    None if *fp == 0 => &mut self.zero,
-                    None => return true,
-                };
-                let h = *head;
-                if h == NONE {
-                    return true;
-                }
-                let row = (h & !MORE) as usize;
-                *head = if h & MORE != 0 { self.next[row] } else { NONE };
-                self.taken[row / 64] |= 1 << (row % 64);
-                cancelled += 1;
-                false
-            })
-            .collect();
+                None => keep.push(true),
+            }
+        }
         (keep, cancelled)
     }
 
@@ -147,102 +146,125 @@ impl Matcher {
         (from..from + n).map(|r| self.taken[r / 64] & (1 << (r % 64)) == 0).collect()
     }
 
-    /// The slot holding `fp`, inserted if new (None for fingerprint 0, which has its own head).
-    fn slot(&mut self, fp: u128) -> Option<usize> {
-        match self.probe(fp)? {
-            Ok(s) => Some(s),
-            Err(empty) => {
-                self.slots[empty] = Slot { lo: fp as u64, hi: (fp >> 64) as u64, head: NONE };
-                self.len += 1;
-                Some(empty)
+    /// Partitions the entries into buckets and builds the directory (once, before the first lookup).
+    ///
+    /// First pass: an in-place partition by the top bits (American flag sort: each entry is swapped straight to
+    /// the next free place of its bucket). Second pass, per first-pass bucket (cache-sized): a counting sort by the
+    /// remaining bucket bits through `scratch`. Entries inside a bucket stay unordered.
+    fn seal(&mut self) {
+        if self.sealed {
+            return;
+        }
+        self.sealed = true;
+        let n = self.entries.len();
+        self.bits = bits_for(n);
+        let first_bits = self.bits.min(FIRST_PASS_BITS);
+        let second_bits = self.bits - first_bits;
+        self.dir.clear();
+        self.dir.resize((1 << self.bits) + 1, 0);
+
+        // first pass: bucket boundaries from a histogram, then cycles of swaps
+        let top = |e: &Entry| bucket(e.lo, first_bits);
+        let mut starts = vec![0usize; (1 << first_bits) + 1];
+        self.entries.iter().for_each(|e| starts[top(e) + 1] += 1);
+        for b in 0..1 << first_bits {
+            starts[b + 1] += starts[b];
+        }
+        let mut next = starts.clone();
+        for b in 0..1 << first_bits {
+            while next[b] < starts[b + 1] {
+                let mut e = self.entries[next[b]];
+                loop {
+                    let home = top(&e);
+                    if home == b {
+                        break;
+                    }
+                    std::mem::swap(&mut e, &mut self.entries[next[home]]);
+                    next[home] += 1;
+                }
+                self.entries[next[b]] = e;
+                next[b] += 1;
             }
         }
-    }
 
-    /// The slot holding `fp`, if any (never for 0).
-    fn find(&self, fp: u128) -> Option<usize> {
-        self.probe(fp)?.ok()
-    }
-
-    /// Linear probing from `fp`'s home slot: Ok(the slot holding it) or Err(the empty slot where it would go); None
-    /// for fingerprint 0 (the empty marker).
-    fn probe(&self, fp: u128) -> Option<std::result::Result<usize, usize>> {
-        if fp == 0 {
-            return None;
-        }
-        let mask = self.slots.len() - 1;
-        let mut s = fp as u64 as usize & mask;
-        loop {
-            let slot = &self.slots[s];
-            if slot.holds(fp) {
-                return Some(Ok(s));
+        // second pass: within each first-pass bucket, by the remaining bits
+        let mask = (1usize << second_bits) - 1;
+        let bits = self.bits;
+        let sub = |e: &Entry| bucket(e.lo, bits) & mask;
+        let mut counts = vec![0usize; (1 << second_bits) + 1];
+        for b in 0..1 << first_bits {
+            let (from, to) = (starts[b], starts[b + 1]);
+            let base = b << second_bits;
+            if second_bits == 0 {
+                self.dir[base] = from as u32;
+                continue;
             }
-            if slot.is_empty() {
-                return Some(Err(s));
+            counts.iter_mut().for_each(|c| *c = 0);
+            self.entries[from..to].iter().for_each(|e| counts[sub(e) + 1] += 1);
+            for s in 0..mask + 1 {
+                counts[s + 1] += counts[s];
             }
-            s = (s + 1) & mask;
-        }
-    }
-
-    fn grow(&mut self, at_least: usize) {
-        let n = at_least.next_power_of_two().max(self.slots.len() * 2);
-        let old = std::mem::replace(&mut self.slots, vec![EMPTY; n]);
-        self.len = 0;
-        for o in old.into_iter().filter(|o| !o.is_empty()) {
-            let s = self.slot(((o.hi as u128) << 64) | o.lo as u128).expect("non-zero key");
-            self.slots[s].head = o.head;
-        }
-    }
-
-    #[inline]
-    fn prefetch(&self, fp: u128) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let s = fp as u64 as usize & (self.slots.len() - 1);
-            // SAFETY: prefetching is a hint that never faults; both pointers are inside the slot anyway.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                let p = self.slots.as_ptr().add(s) as *const i8;
-                _mm_prefetch::<_MM_HINT_T0>(p);
-                // a slot may straddle two cache lines
-                _mm_prefetch::<_MM_HINT_T0>(p.add(std::mem::size_of::<Slot>() - 1));
+            for (d, c) in self.dir[base..=base + mask].iter_mut().zip(&counts) {
+                *d = (from + c) as u32;
             }
+            self.scratch.clear();
+            self.scratch.resize(to - from, Entry::default());
+            for e in &self.entries[from..to] {
+                let s = sub(e);
+                self.scratch[counts[s]] = *e;
+                counts[s] += 1;
+            }
+            self.entries[from..to].copy_from_slice(&self.scratch);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = fp;
+        self.dir[1 << self.bits] = n as u32;
     }
 }
 
-/// Table slots for `rows` rows: a power of two, at most three quarters full.
-fn slots_for(rows: usize) -> usize {
-    (rows * 4 / 3 + 1).next_power_of_two().max(16)
+/// The bucket of a fingerprint's low half `lo`: its top `bits` bits.
+#[inline(always)]
+fn bucket(lo: u64, bits: u32) -> usize {
+    lo.checked_shr(64 - bits).unwrap_or(0) as usize
+}
+
+/// Hints the CPU to load `x`'s cache line.
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint that never faults, and the pointer comes from a reference.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(x as *const T as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// Bucket bits for `rows` rows: at most [`BUCKET_ROWS`] rows a bucket on average.
+fn bits_for(rows: usize) -> u32 {
+    rows.div_ceil(BUCKET_ROWS).max(1).next_power_of_two().trailing_zeros()
+}
+
+fn buckets_for(rows: usize) -> usize {
+    1 << bits_for(rows)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The matcher against a naive multiset, duplicates, fingerprint 0, colliding low halves and growth included.
-    #[test]
-    fn matches_like_a_multiset() {
-        let mut added: Vec<u128> = (1..5000u128).map(|i| i.wrapping_mul(0x9e3779b97f4a7c15_f39cc0605cedc835)).collect();
-        added.extend([0, 0, 7, 7, 7]);
-        // same low 64 bits, different high bits: must not match each other
-        added.extend((1..50u128).map(|i| (i << 64) | 42));
-        let removed: Vec<u128> = added.iter().step_by(3).copied().chain([7, 7, 7, 7, 0, 0, 0, 42, 99 << 64 | 42, 12345]).collect();
-
-        // a matcher another group used (rows added, taken, replayed), reused: nothing of its state may leak
-        let mut old = Matcher::with_capacity(10_000);
-        old.add(&added[..2000]);
-        old.cancel(&removed);
-        old.survivors(100);
-        old.reset(10);
-        let mut m = old; // grows
+    /// Matches `removed` against `added` (added in chunks of 333) and checks the result against a naive multiset.
+    fn check(m: &mut Matcher, added: &[u128], removed: &[u128]) {
         for chunk in added.chunks(333) {
             m.add(chunk);
         }
-        assert_eq!(m.next.len(), added.len());
-        let (keep_removed, cancelled) = m.cancel(&removed);
+        assert_eq!(m.entries.len(), added.len());
+        let mut keep_removed = Vec::new();
+        let mut cancelled = 0;
+        for chunk in removed.chunks(1000) {
+            let (keep, c) = m.cancel(chunk);
+            keep_removed.extend(keep);
+            cancelled += c;
+        }
         let mut keep_added = Vec::new();
         for chunk in added.chunks(1000) {
             keep_added.extend(m.survivors(chunk.len()));
@@ -268,5 +290,60 @@ mod tests {
         added.iter().zip(&keep_added).filter(|(_, k)| **k).for_each(|(f, _)| *surviving.entry(*f).or_default() += 1);
         counts.retain(|_, c| *c > 0);
         assert_eq!(surviving, counts);
+    }
+
+    fn spread(i: u128) -> u128 {
+        i.wrapping_mul(0x9e3779b97f4a7c15_f39cc0605cedc835)
+    }
+
+    /// Duplicates, fingerprint 0, equal low halves, and a reused matcher.
+    #[test]
+    fn matches_like_a_multiset() {
+        let mut added: Vec<u128> = (1..5000u128).map(spread).collect();
+        added.extend([0, 0, 7, 7, 7]);
+        // same low 64 bits, different high bits: must not match each other
+        added.extend((1..50u128).map(|i| (i << 64) | 42));
+        let removed: Vec<u128> = added.iter().step_by(3).copied().chain([7, 7, 7, 7, 0, 0, 0, 42, 99 << 64 | 42, 12345]).collect();
+
+        // a matcher another group used (rows added, taken, replayed), reused: nothing of its state may leak
+        let mut old = Matcher::with_capacity(10_000);
+        old.add(&added[..2000]);
+        old.cancel(&removed);
+        old.survivors(100);
+        old.reset(10);
+        check(&mut old, &added, &removed);
+    }
+
+    /// Enough rows for both partitioning passes, many duplicates, more rows than the matcher was sized for, and
+    /// the tiny sizes (one bucket, empty).
+    #[test]
+    fn matches_like_a_multiset_at_every_size() {
+        for n in [0u128, 1, 3, 40, 70_000, 300_000] {
+            // every 7th row twice, every 11th three times more
+            let mut added: Vec<u128> = (0..n).map(spread).collect();
+            added.extend((0..n).step_by(7).map(spread));
+            added.extend((0..n).step_by(11).flat_map(|i| [spread(i); 3]));
+            // half of the rows, the duplicates more often than added, and rows never added
+            let removed: Vec<u128> =
+                (0..n).step_by(2).chain((0..n).step_by(7).flat_map(|i| [i; 3])).map(spread).chain((n..n + 500).map(spread)).collect();
+            let mut m = Matcher::with_capacity(n as usize / 3);
+            check(&mut m, &added, &removed);
+            if n == 300_000 {
+                assert!(m.bits > FIRST_PASS_BITS, "both passes ran");
+            }
+        }
+    }
+
+    /// Entries fill their buckets: on average at most four, none far above (the directory spreads them evenly).
+    #[test]
+    fn buckets_stay_small() {
+        let mut m = Matcher::with_capacity(0);
+        m.add(&(0..200_000u128).map(spread).collect::<Vec<_>>());
+        m.cancel(&[]);
+        let sizes: Vec<u32> = m.dir.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(sizes.iter().sum::<u32>(), 200_000);
+        assert!(200_000 / sizes.len() <= BUCKET_ROWS, "{} buckets", sizes.len());
+        assert!(*sizes.iter().max().unwrap() <= 24, "largest bucket {}", sizes.iter().max().unwrap());
+        assert!(Matcher::bytes_for(200_000) < 200_000 * 20, "about 16 bytes a row: {}", Matcher::bytes_for(200_000));
     }
 }
