@@ -1,4 +1,4 @@
-//! Matching removed rows against added rows by fingerprint: a multiset difference in 16 bytes a row.
+//! Matching removed rows against added rows by fingerprint: a multiset difference in 32 bytes a row.
 //!
 //! Carry-over ([`super::carry`]) lets every removed row use up one identical added row (same fingerprint), and finally
 //! emits the added rows nothing used up. All added rows arrive before the first removed row, so the added side can be
@@ -6,14 +6,14 @@
 //!
 //! Added rows are numbered in the order they arrive (0, 1, …) and appended as 16-byte entries: 96 bits of the
 //! fingerprint and the row's number. The first removed row seals the matcher: the entries are radix-partitioned
-//! in place into buckets by the top bits of the fingerprint's low half, about four rows a bucket, and a directory
+//! (out of place, so 32 bytes a row while matching) into buckets by the top bits of the fingerprint's low half, about four rows a bucket, and a directory
 //! gives each bucket's first entry. A removed row looks at its bucket only (one or two cache lines) and takes the
 //! first entry with its fingerprint whose row is not taken yet, marking that row in a bitmap; duplicate rows are simply
 //! equal entries of one bucket. The added rows are later replayed in the order they came and survive unless marked — a
 //! sequential bitmap read, no lookup.
 //!
-//! Why not a hash table: it was 36–68 bytes a row (slots of 24 bytes at most three quarters full, a power of two, plus
-//! a chain link), and every insert was a cache miss. Appending is sequential, the two partitioning passes work in
+//! Why not a hash table: it was 36–68 bytes a row (slots of 24 bytes at most three quarters full, a power of two,
+//! plus a chain link), and every insert was a cache miss. Appending is sequential, the two partitioning passes work in
 //! cache-sized pieces, and the smaller footprint lets larger groups match in memory instead of spilling both sides
 //! ([`super::carry`]'s parts). Lookups still miss the cache once each; batch lookups prefetch a few rows ahead so the
 //! misses overlap.
@@ -55,7 +55,7 @@ pub(crate) struct Matcher {
     taken: Vec<u64>,
     /// Added rows already replayed by [`Matcher::survivors`].
     replayed: usize,
-    /// Room for one first-pass bucket during sealing.
+    /// The entries after the first partitioning pass (see [`Matcher::seal`]); kept for the next group.
     scratch: Vec<Entry>,
 }
 
@@ -87,8 +87,8 @@ impl Matcher {
     pub(crate) fn bytes_for(rows: u64) -> u64 {
         let entries = rows * std::mem::size_of::<Entry>() as u64;
         let dir = (buckets_for(rows as usize) as u64 + 1) * 4;
-        let scratch = entries >> FIRST_PASS_BITS.min(bits_for(rows as usize)) << 1; // a first-pass bucket, with slack
-        entries + dir + scratch + rows.div_ceil(8)
+        // the entries twice: sealing partitions them out of place
+        2 * entries + dir + rows.div_ceil(8)
     }
 
     /// Numbers the next added rows, one per fingerprint.
@@ -148,9 +148,11 @@ impl Matcher {
 
     /// Partitions the entries into buckets and builds the directory (once, before the first lookup).
     ///
-    /// First pass: an in-place partition by the top bits (American flag sort: each entry is swapped straight to
-    /// the next free place of its bucket). Second pass, per first-pass bucket (cache-sized): a counting sort by the
-    /// remaining bucket bits through `scratch`. Entries inside a bucket stay unordered.
+    /// First pass: the entries scattered into `scratch` by the top bits (a histogram gives each bucket its place;
+    /// at most 2^11 write positions are live, so the writes stay in cache). Second pass, per first-pass bucket
+    /// (cache-sized): a counting sort by the remaining bucket bits back into `entries`. Entries inside a bucket stay
+    /// unordered. (An in-place first pass, swapping each entry to its bucket, saved the scratch but cost a sixth of
+    /// a 10 M sync's matching: every swap waits for the one before.)
     fn seal(&mut self) {
         if self.sealed {
             return;
@@ -163,7 +165,7 @@ impl Matcher {
         self.dir.clear();
         self.dir.resize((1 << self.bits) + 1, 0);
 
-        // first pass: bucket boundaries from a histogram, then cycles of swaps
+        // first pass
         let top = |e: &Entry| bucket(e.lo, first_bits);
         let mut starts = vec![0usize; (1 << first_bits) + 1];
         self.entries.iter().for_each(|e| starts[top(e) + 1] += 1);
@@ -171,23 +173,22 @@ impl Matcher {
             starts[b + 1] += starts[b];
         }
         let mut next = starts.clone();
-        for b in 0..1 << first_bits {
-            while next[b] < starts[b + 1] {
-                let mut e = self.entries[next[b]];
-                loop {
-                    let home = top(&e);
-                    if home == b {
-                        break;
-                    }
-                    std::mem::swap(&mut e, &mut self.entries[next[home]]);
-                    next[home] += 1;
-                }
-                self.entries[next[b]] = e;
-                next[b] += 1;
+        self.scratch.clear();
+        self.scratch.resize(n, Entry::default());
+        for e in &self.entries {
+            let at = &mut next[top(e)];
+            self.scratch[*at] = *e;
+            *at += 1;
+        }
+        if second_bits == 0 {
+            std::mem::swap(&mut self.entries, &mut self.scratch);
+            for (d, s) in self.dir.iter_mut().zip(&starts) {
+                *d = *s as u32;
             }
+            return;
         }
 
-        // second pass: within each first-pass bucket, by the remaining bits
+        // second pass
         let mask = (1usize << second_bits) - 1;
         let bits = self.bits;
         let sub = |e: &Entry| bucket(e.lo, bits) & mask;
@@ -195,26 +196,19 @@ impl Matcher {
         for b in 0..1 << first_bits {
             let (from, to) = (starts[b], starts[b + 1]);
             let base = b << second_bits;
-            if second_bits == 0 {
-                self.dir[base] = from as u32;
-                continue;
-            }
             counts.iter_mut().for_each(|c| *c = 0);
-            self.entries[from..to].iter().for_each(|e| counts[sub(e) + 1] += 1);
+            self.scratch[from..to].iter().for_each(|e| counts[sub(e) + 1] += 1);
             for s in 0..mask + 1 {
                 counts[s + 1] += counts[s];
             }
             for (d, c) in self.dir[base..=base + mask].iter_mut().zip(&counts) {
                 *d = (from + c) as u32;
             }
-            self.scratch.clear();
-            self.scratch.resize(to - from, Entry::default());
-            for e in &self.entries[from..to] {
+            for e in &self.scratch[from..to] {
                 let s = sub(e);
-                self.scratch[counts[s]] = *e;
+                self.entries[from + counts[s]] = *e;
                 counts[s] += 1;
             }
-            self.entries[from..to].copy_from_slice(&self.scratch);
         }
         self.dir[1 << self.bits] = n as u32;
     }
@@ -344,6 +338,6 @@ mod tests {
         assert_eq!(sizes.iter().sum::<u32>(), 200_000);
         assert!(200_000 / sizes.len() <= BUCKET_ROWS, "{} buckets", sizes.len());
         assert!(*sizes.iter().max().unwrap() <= 24, "largest bucket {}", sizes.iter().max().unwrap());
-        assert!(Matcher::bytes_for(200_000) < 200_000 * 20, "about 16 bytes a row: {}", Matcher::bytes_for(200_000));
+        assert!(Matcher::bytes_for(200_000) < 200_000 * 36, "about 32 bytes a row: {}", Matcher::bytes_for(200_000));
     }
 }
