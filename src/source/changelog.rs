@@ -585,7 +585,7 @@ impl ChangelogScan<'_> {
         let (net, pool) = (net.clone(), self.matchers.clone());
         // Ok(None): the feed stopped early (a read failed; its error is the one reported)
         let worker = tokio::spawn(async move {
-            // built here: sizing a large matcher writes every page of its table
+            // built here, on the worker: its entries are written where the rows are matched
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
             let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled);
             let mut survivors = Survivors::new(net, &spill_dir)?;
