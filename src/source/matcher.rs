@@ -4,19 +4,26 @@
 //! emits the added rows nothing used up. All added rows arrive before the first removed row, so the added side can be
 //! a static structure built once, in between.
 //!
-//! Added rows are numbered in the order they arrive (0, 1, …) and appended as 16-byte entries: 96 bits of the
-//! fingerprint and the row's number. The first removed row seals the matcher: the entries are radix-partitioned
-//! (out of place, so 32 bytes a row while matching) into buckets by the top bits of the fingerprint's low half, about four rows a bucket, and a directory
-//! gives each bucket's first entry. A removed row looks at its bucket only (one or two cache lines) and takes the
-//! first entry with its fingerprint whose row is not taken yet, marking that row in a bitmap; duplicate rows are simply
-//! equal entries of one bucket. The added rows are later replayed in the order they came and survive unless marked — a
-//! sequential bitmap read, no lookup.
+//! Added rows are numbered in the order they arrive (0, 1, …) and stored as 16-byte entries: 96 bits of the
+//! fingerprint and the row's number. Adding already partitions them by the top bits of the fingerprint's low half
+//! into 2^11 first-level buckets: each bucket fills blocks of its own (at most 4 KiB), taken from one array as they
+//! are needed, so only 2^11 write positions are live and stay in cache. The first removed row seals the matcher:
+//! the blocks are put in bucket order in place (whole blocks swapped, each moved at most twice), then each
+//! first-level bucket — cache-sized — is counting-sorted by the remaining bucket bits through a small scratch and
+//! written back, closing the gaps the half-filled last blocks left. Final buckets hold about four rows, and a
+//! directory gives each bucket's first entry. A removed row looks at its bucket only (one or two cache lines) and
+//! takes the first entry with its fingerprint whose row is not taken yet, marking that row in a bitmap; duplicate
+//! rows are simply equal entries of one bucket. The added rows are later replayed in the order they came and survive
+//! unless marked — a sequential bitmap read, no lookup.
 //!
+//! Memory: 16 bytes a row, plus the last blocks' slack (at most 6 %), the directory and the bitmap — at most about
+//! 19 bytes a row.
 //! Why not a hash table: it was 36–68 bytes a row (slots of 24 bytes at most three quarters full, a power of two,
-//! plus a chain link), and every insert was a cache miss. Appending is sequential, the two partitioning passes work in
-//! cache-sized pieces, and the smaller footprint lets larger groups match in memory instead of spilling both sides
-//! ([`super::carry`]'s parts). Lookups still miss the cache once each; batch lookups prefetch a few rows ahead so the
-//! misses overlap.
+//! plus a chain link), and every insert was a cache miss. The tenth round partitioned at sealing, out of place (32
+//! bytes a row); an in-place first pass at sealing (swapping each entry to its bucket) cost a sixth of the matching,
+//! every swap waiting for the one before. The smaller footprint lets larger groups match in memory instead of
+//! spilling both sides ([`super::carry`]'s parts). Lookups still miss the cache once each; batch lookups prefetch a
+//! few rows ahead so the misses overlap.
 //!
 //! 96 bits (the whole low half, the low 32 bits of the high half) decide a match. Two different rows of one group
 //! would have to agree on all of them: for a group of n added and m removed rows that happens with probability
@@ -26,8 +33,11 @@
 const AHEAD: usize = 16;
 /// Rows a bucket holds on average at most (a bucket is scanned linearly).
 const BUCKET_ROWS: usize = 4;
-/// Bits of the first, in-place partitioning pass (2^11 counters fit the L1 cache).
-const FIRST_PASS_BITS: u32 = 11;
+/// Bits of the first level, which adding partitions by (2^11 open blocks: their write positions fit the L1/L2 cache).
+const FIRST_BITS: u32 = 11;
+/// Entries of a block at most (4 KiB). Smaller matchers take smaller blocks, so that the half-filled last block of
+/// each first-level bucket stays a few percent of the entries.
+const MAX_BLOCK: usize = 256;
 
 /// One added row: 96 bits of its fingerprint and its number.
 #[derive(Clone, Copy, Default)]
@@ -44,9 +54,37 @@ impl Entry {
     }
 }
 
+/// How a matcher expecting `rows` added rows lays them out while adding.
+#[derive(Clone, Copy)]
+struct Layout {
+    /// First-level bucket bits.
+    first_bits: u32,
+    /// Entries a block holds.
+    block: usize,
+}
+
+impl Layout {
+    fn for_rows(rows: usize) -> Self {
+        let first_bits = bits_for(rows).min(FIRST_BITS);
+        // a sixteenth of a first-level bucket's expected rows: the last blocks' slack is at most a sixteenth of the rows
+        let block = ((rows >> first_bits) / 16).clamp(8, MAX_BLOCK);
+        Layout { first_bits, block }
+    }
+}
+
 /// Added rows by fingerprint; see the module header.
 pub(crate) struct Matcher {
+    layout: Layout,
+    /// While adding: blocks of `layout.block` entries, each holding entries of one first-level bucket. Once sealed:
+    /// the entries bucket by bucket, without gaps.
     entries: Vec<Entry>,
+    /// Added rows.
+    rows: usize,
+    /// Per first-level bucket: its entries, and where its next entry goes (a block boundary: it needs a new block).
+    counts: Vec<u32>,
+    next: Vec<usize>,
+    /// Per block, the first-level bucket it belongs to.
+    owner: Vec<u16>,
     /// Once sealed: bucket `b`'s entries are `entries[dir[b]..dir[b + 1]]`.
     dir: Vec<u32>,
     /// Bucket bits (the top `bits` bits of a fingerprint's low half); valid once sealed.
@@ -55,52 +93,85 @@ pub(crate) struct Matcher {
     taken: Vec<u64>,
     /// Added rows already replayed by [`Matcher::survivors`].
     replayed: usize,
-    /// The entries after the first partitioning pass (see [`Matcher::seal`]); kept for the next group.
+    /// One first-level bucket being sorted by [`Matcher::seal`]; kept for the next group.
     scratch: Vec<Entry>,
 }
 
 impl Matcher {
-    /// A matcher sized for about `rows` added rows (it grows beyond).
+    /// A matcher sized for about `rows` added rows (it grows beyond, at the cost of larger first-level buckets).
     pub(crate) fn with_capacity(rows: usize) -> Self {
-        Matcher {
-            entries: Vec::with_capacity(rows),
+        let mut m = Matcher {
+            layout: Layout::for_rows(rows),
+            entries: Vec::new(),
+            rows: 0,
+            counts: Vec::new(),
+            next: Vec::new(),
+            owner: Vec::new(),
             dir: Vec::new(),
             bits: 0,
             sealed: false,
-            taken: Vec::with_capacity(rows.div_ceil(64)),
+            taken: Vec::new(),
             replayed: 0,
             scratch: Vec::new(),
-        }
+        };
+        m.reset(rows);
+        m
     }
 
     /// Empties the matcher and sizes it for `rows`, in the memory it has (no fresh pages to fault in).
     pub(crate) fn reset(&mut self, rows: usize) {
+        self.layout = Layout::for_rows(rows);
+        let buckets = 1 << self.layout.first_bits;
         self.entries.clear();
-        self.entries.reserve(rows);
+        self.entries.reserve(rows + buckets * self.layout.block);
+        self.rows = 0;
+        self.counts.clear();
+        self.counts.resize(buckets, 0);
+        self.next.clear();
+        self.next.resize(buckets, 0);
+        self.owner.clear();
+        self.owner.reserve(rows / self.layout.block + buckets);
         self.dir.clear();
         self.taken.clear();
         self.taken.reserve(rows.div_ceil(64));
         (self.bits, self.sealed, self.replayed) = (0, false, 0);
     }
 
-    /// The bytes a matcher sized for `rows` holds once it has them and is sealed (entries, directory, a bit per row).
+    /// The bytes a matcher sized for `rows` holds at most once it has them and is sealed: entries with the last
+    /// blocks' slack, the per-block owners, the sorting scratch (a first-level bucket with room for variance), the
+    /// directory and a bit per row.
     pub(crate) fn bytes_for(rows: u64) -> u64 {
-        let entries = rows * std::mem::size_of::<Entry>() as u64;
+        let layout = Layout::for_rows(rows as usize);
+        let buckets = 1u64 << layout.first_bits;
+        let entry = std::mem::size_of::<Entry>() as u64;
+        let entries = (rows + buckets * layout.block as u64) * entry;
+        let owners = (rows / layout.block as u64 + buckets) * 2;
+        let scratch = ((rows >> layout.first_bits) * 5 / 4 + 64) * entry;
         let dir = (buckets_for(rows as usize) as u64 + 1) * 4;
-        // the entries twice: sealing partitions them out of place
-        2 * entries + dir + rows.div_ceil(8)
+        entries + owners + scratch + dir + buckets * 12 + rows.div_ceil(8)
     }
 
     /// Numbers the next added rows, one per fingerprint.
     pub(crate) fn add(&mut self, fps: &[u128]) {
         assert!(!self.sealed, "carry-over adds every added row before the first removed one");
-        assert!(self.entries.len() + fps.len() < u32::MAX as usize, "a carry-over part holds fewer than 2^32 rows");
-        let first = self.entries.len() as u32;
-        self.entries.extend(fps.iter().enumerate().map(|(i, fp)| {
+        assert!(self.rows + fps.len() < u32::MAX as usize, "a carry-over part holds fewer than 2^32 rows");
+        let Layout { first_bits, block } = self.layout;
+        for fp in fps {
             let (lo, hi) = Entry::key(*fp);
-            Entry { lo, hi, row: first + i as u32 }
-        }));
-        self.taken.resize(self.entries.len().div_ceil(64), 0);
+            let b = bucket(lo, first_bits);
+            let mut at = self.next[b];
+            if at % block == 0 {
+                // the bucket's block is full (or it has none): a new one at the end
+                at = self.entries.len();
+                self.entries.resize(at + block, Entry::default());
+                self.owner.push(b as u16);
+            }
+            self.entries[at] = Entry { lo, hi, row: self.rows as u32 };
+            self.next[b] = at + 1;
+            self.counts[b] += 1;
+            self.rows += 1;
+        }
+        self.taken.resize(self.rows.div_ceil(64), 0);
     }
 
     /// Per removed row whether it survives: a removed row that matches an added row not yet taken takes it and
@@ -146,70 +217,87 @@ impl Matcher {
         (from..from + n).map(|r| self.taken[r / 64] & (1 << (r % 64)) == 0).collect()
     }
 
-    /// Partitions the entries into buckets and builds the directory (once, before the first lookup).
+    /// Sorts the entries into buckets and builds the directory (once, before the first lookup).
     ///
-    /// First pass: the entries scattered into `scratch` by the top bits (a histogram gives each bucket its place;
-    /// at most 2^11 write positions are live, so the writes stay in cache). Second pass, per first-pass bucket
-    /// (cache-sized): a counting sort by the remaining bucket bits back into `entries`. Entries inside a bucket stay
-    /// unordered. (An in-place first pass, swapping each entry to its bucket, saved the scratch but cost a sixth of
-    /// a 10 M sync's matching: every swap waits for the one before.)
+    /// Adding left each first-level bucket in blocks of its own, scattered over the array in the order they
+    /// filled. First the blocks are permuted into bucket order, in place: a block is swapped straight to where it
+    /// belongs, so each moves at most twice, as whole blocks (sequential copies, no chain of dependent swaps). Then
+    /// per first-level bucket (cache-sized): a counting sort by the remaining bucket bits into the scratch, copied
+    /// back to where the previous bucket ended — at or before the bucket's own blocks, so no unsorted entry is
+    /// overwritten, and the gaps of half-filled blocks close. Entries inside a bucket stay unordered.
     fn seal(&mut self) {
         if self.sealed {
             return;
         }
         self.sealed = true;
-        let n = self.entries.len();
-        self.bits = bits_for(n);
-        let first_bits = self.bits.min(FIRST_PASS_BITS);
+        let Layout { first_bits, block } = self.layout;
+        let n = self.rows;
+        self.bits = bits_for(n).max(first_bits);
         let second_bits = self.bits - first_bits;
+        let firsts = 1usize << first_bits;
+
+        // blocks into bucket order: `dest[j]` is where the block now at `j` belongs
+        let mut first_block = vec![0usize; firsts + 1];
+        for (b, c) in self.counts.iter().enumerate() {
+            first_block[b + 1] = first_block[b] + (*c as usize).div_ceil(block);
+        }
+        let mut filled = first_block.clone();
+        let mut dest: Vec<usize> = self
+            .owner
+            .iter()
+            .map(|o| {
+                filled[*o as usize] += 1;
+                filled[*o as usize] - 1
+            })
+            .collect();
+        for j in 0..dest.len() {
+            while dest[j] != j {
+                // blocks before `j` are in place, so the one `j` holds goes further right
+                let d = dest[j];
+                let (left, right) = self.entries.split_at_mut(d * block);
+                left[j * block..(j + 1) * block].swap_with_slice(&mut right[..block]);
+                dest.swap(j, d);
+            }
+        }
+
+        // per first-level bucket: sorted by the remaining bits, written back without gaps
         self.dir.clear();
         self.dir.resize((1 << self.bits) + 1, 0);
-
-        // first pass
-        let top = |e: &Entry| bucket(e.lo, first_bits);
-        let mut starts = vec![0usize; (1 << first_bits) + 1];
-        self.entries.iter().for_each(|e| starts[top(e) + 1] += 1);
-        for b in 0..1 << first_bits {
-            starts[b + 1] += starts[b];
-        }
-        let mut next = starts.clone();
-        self.scratch.clear();
-        self.scratch.resize(n, Entry::default());
-        for e in &self.entries {
-            let at = &mut next[top(e)];
-            self.scratch[*at] = *e;
-            *at += 1;
-        }
-        if second_bits == 0 {
-            std::mem::swap(&mut self.entries, &mut self.scratch);
-            for (d, s) in self.dir.iter_mut().zip(&starts) {
-                *d = *s as u32;
-            }
-            return;
-        }
-
-        // second pass
         let mask = (1usize << second_bits) - 1;
         let bits = self.bits;
         let sub = |e: &Entry| bucket(e.lo, bits) & mask;
-        let mut counts = vec![0usize; (1 << second_bits) + 1];
-        for b in 0..1 << first_bits {
-            let (from, to) = (starts[b], starts[b + 1]);
+        let mut counts = vec![0usize; mask + 2];
+        let mut written = 0usize;
+        self.scratch.clear();
+        self.scratch.reserve_exact(*self.counts.iter().max().unwrap_or(&0) as usize);
+        for b in 0..firsts {
+            let (from, c) = (first_block[b] * block, self.counts[b] as usize);
             let base = b << second_bits;
+            if second_bits == 0 {
+                self.entries.copy_within(from..from + c, written);
+                self.dir[base] = written as u32;
+                written += c;
+                continue;
+            }
             counts.iter_mut().for_each(|c| *c = 0);
-            self.scratch[from..to].iter().for_each(|e| counts[sub(e) + 1] += 1);
-            for s in 0..mask + 1 {
+            self.entries[from..from + c].iter().for_each(|e| counts[sub(e) + 1] += 1);
+            for s in 0..=mask {
                 counts[s + 1] += counts[s];
             }
             for (d, c) in self.dir[base..=base + mask].iter_mut().zip(&counts) {
-                *d = (from + c) as u32;
+                *d = (written + c) as u32;
             }
-            for e in &self.scratch[from..to] {
+            self.scratch.clear();
+            self.scratch.resize(c, Entry::default());
+            for e in &self.entries[from..from + c] {
                 let s = sub(e);
-                self.entries[from + counts[s]] = *e;
+                self.scratch[counts[s]] = *e;
                 counts[s] += 1;
             }
+            self.entries[written..written + c].copy_from_slice(&self.scratch);
+            written += c;
         }
+        self.entries.truncate(n);
         self.dir[1 << self.bits] = n as u32;
     }
 }
@@ -251,7 +339,7 @@ mod tests {
         for chunk in added.chunks(333) {
             m.add(chunk);
         }
-        assert_eq!(m.entries.len(), added.len());
+        assert_eq!(m.rows, added.len());
         let mut keep_removed = Vec::new();
         let mut cancelled = 0;
         for chunk in removed.chunks(1000) {
@@ -323,7 +411,7 @@ mod tests {
             let mut m = Matcher::with_capacity(n as usize / 3);
             check(&mut m, &added, &removed);
             if n == 300_000 {
-                assert!(m.bits > FIRST_PASS_BITS, "both passes ran");
+                assert!(m.bits > FIRST_BITS, "both levels ran");
             }
         }
     }
@@ -338,6 +426,34 @@ mod tests {
         assert_eq!(sizes.iter().sum::<u32>(), 200_000);
         assert!(200_000 / sizes.len() <= BUCKET_ROWS, "{} buckets", sizes.len());
         assert!(*sizes.iter().max().unwrap() <= 24, "largest bucket {}", sizes.iter().max().unwrap());
-        assert!(Matcher::bytes_for(200_000) < 200_000 * 36, "about 32 bytes a row: {}", Matcher::bytes_for(200_000));
+    }
+
+    /// What a matcher holds once sealed stays within [`Matcher::bytes_for`] of the rows it was sized for, under 20
+    /// bytes a row at sizes where that matters; a reused matcher needs no new memory for a group of the same size.
+    #[test]
+    fn memory_stays_within_bytes_for() {
+        let held = |m: &Matcher| {
+            let entry = std::mem::size_of::<Entry>();
+            (m.entries.capacity() + m.scratch.capacity()) * entry
+                + m.owner.capacity() * 2
+                + (m.counts.capacity() + m.dir.capacity()) * 4
+                + m.next.capacity() * 8
+                + m.taken.capacity() * 8
+        };
+        for n in [0usize, 100, 10_000, 625_000, 3_000_000] {
+            let fps: Vec<u128> = (0..n as u128).map(spread).collect();
+            let mut m = Matcher::with_capacity(n);
+            m.add(&fps);
+            m.cancel(&fps[..n / 2]);
+            assert!(held(&m) as u64 <= Matcher::bytes_for(n as u64), "{n} rows: {} > {}", held(&m), Matcher::bytes_for(n as u64));
+            if n >= 625_000 {
+                assert!(Matcher::bytes_for(n as u64) < n as u64 * 20, "{n} rows: {} bytes", Matcher::bytes_for(n as u64));
+            }
+            let before = m.entries.capacity();
+            m.reset(n);
+            m.add(&fps);
+            m.cancel(&[]);
+            assert_eq!(m.entries.capacity(), before, "reused in place");
+        }
     }
 }
