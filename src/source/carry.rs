@@ -13,11 +13,18 @@
 //!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
 //!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
 //! - several parts: rows of each side are appended once, whole batches in arrival order, to one spill file per side
-//!   (no copy per part); only their fingerprints, with the row's number on its side, are partitioned (`fp % parts`,
-//!   so equal rows meet in one part) into small per-part files. `finish` matches part by part on fingerprints alone
-//!   — the part's added fingerprints into a fresh matcher, its removed fingerprints cancelling — and marks the
-//!   cancelled rows of both sides in two bitmaps (a bit per row); then it streams each side's rows back once and
-//!   emits those not marked.
+//!   (no copy per part); only their fingerprints, with the row's number on its side, are partitioned (by the
+//!   fingerprint, so equal rows meet in one part) into small per-part files. `finish` matches part by part on
+//!   fingerprints alone — the part's added fingerprints into a fresh matcher, its removed fingerprints cancelling —
+//!   and marks the cancelled rows of both sides in two bitmaps (a bit per row); then it streams each side's rows
+//!   back once and emits those not marked.
+//! - resident parts (a hybrid of the two, whenever there are several parts): the first parts, as many as the share
+//!   holds beside the rest, keep their added fingerprints in a matcher in memory instead of a file. A removed row of
+//!   a resident part is decided as it arrives — cancelled, or emitted at once — so only the removed rows of the
+//!   other parts are spilled; the resident matches become marks in the added side's bitmap at `finish`. The added
+//!   side is spilled whole either way (its survivors are known only once every removed row has been seen). At 100 M
+//!   rows, a partition group's added fingerprints are about twice its share: a third of the removed side no longer
+//!   goes to disk.
 //!
 //! [`Matcher::bytes_for`] says what the matcher of a part holds; a part also maps its matcher's rows back to their
 //! numbers (4 bytes a row).
@@ -53,6 +60,8 @@ pub struct CarryStats {
     pub cancelled: u64,
     /// Fingerprint parts (1 = everything in memory at once).
     pub parts: u64,
+    /// Of those, the parts matched in memory as rows arrived (the most any group had).
+    pub resident_parts: u64,
     /// Bytes written to local spill files (0 when everything fit).
     pub spilled_bytes: u64,
 }
@@ -62,6 +71,7 @@ impl CarryStats {
     pub fn absorb(&mut self, other: CarryStats) {
         self.cancelled += other.cancelled;
         self.parts = self.parts.max(other.parts);
+        self.resident_parts = self.resident_parts.max(other.resident_parts);
         self.spilled_bytes += other.spilled_bytes;
     }
 }
@@ -93,8 +103,13 @@ pub(crate) struct CarryOver {
     kept_buffers: HashSet<usize>,
     keep_limit: u64,
     added_overflow: Option<Spill>,
-    /// Several parts: each side's rows in arrival order, and per part the fingerprints of each side.
+    /// Several parts: each side's rows in arrival order (the removed side: only rows of parts not resident), and per
+    /// part the fingerprints of each side.
     sides: [SideSpill; 2],
+    /// Several parts: parts `0..resident` match in `matcher` as rows arrive; `resident_rows[i]` is the added row
+    /// number of the matcher's row `i`.
+    resident: u64,
+    resident_rows: Vec<u32>,
     stats: CarryStats,
 }
 
@@ -111,10 +126,16 @@ impl CarryOver {
     /// hold; `recycled`: a matcher an earlier group handed back, whose memory is reused (see [`Finished`]).
     pub(crate) fn new(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path, recycled: Option<Matcher>) -> Self {
         let parts = Self::parts_for(added_upper, share);
+        let resident = if parts == 1 { 0 } else { Self::resident_for(added_upper, share, parts) };
+        Self::with_parts(schema, added_upper, share, spill_dir, recycled, parts, resident)
+    }
+
+    /// [`CarryOver::new`] with the parts and resident parts given (tests force them).
+    fn with_parts(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path, recycled: Option<Matcher>, parts: u64, resident: u64) -> Self {
         let rows_per_part = added_upper.div_ceil(parts) as usize;
         let side = || SideSpill { rows: None, count: 0, parts: (0..parts).map(|_| None).collect() };
-        // several parts: each part's matcher is sized when the part is handled
-        let first = if parts == 1 { rows_per_part } else { 0 };
+        // several parts: the matcher holds the resident parts first; each other part's is sized when it is handled
+        let first = if parts == 1 { rows_per_part } else { rows_per_part * resident as usize };
         CarryOver {
             schema,
             spill_dir: spill_dir.to_path_buf(),
@@ -134,8 +155,36 @@ impl CarryOver {
             keep_limit: if parts == 1 { share.saturating_sub(Matcher::bytes_for(added_upper)) } else { 0 },
             added_overflow: None,
             sides: [side(), side()],
-            stats: CarryStats { parts, ..Default::default() },
+            resident,
+            resident_rows: Vec::with_capacity(if resident > 0 { first } else { 0 }),
+            stats: CarryStats { parts, resident_parts: resident, ..Default::default() },
         }
+    }
+
+    /// With several parts: how many of them stay resident (see the module header). What the share must hold beside
+    /// them: both sides' bitmaps, the other parts' file buffers (two a part), and, once the resident parts are done,
+    /// a part's matcher — in the same memory. A resident added row costs its matcher entry and its number.
+    fn resident_for(added_upper: u64, share: u64, parts: u64) -> u64 {
+        // the largest r that fits (a resident part costs more than the file buffers it saves)
+        let (mut lo, mut hi) = (0, parts - 1);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if Self::resident_for_fits(added_upper, share, parts, mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// Whether `r` resident parts of `parts` fit the share (see [`CarryOver::resident_for`]).
+    fn resident_for_fits(added_upper: u64, share: u64, parts: u64, r: u64) -> bool {
+        let per_part = added_upper.div_ceil(parts);
+        let bitmaps = added_upper.div_ceil(8) * 2;
+        let resident_bytes = Matcher::bytes_for(per_part * r) + per_part * r * 4;
+        let part_bytes = Matcher::bytes_for(per_part) + per_part * 4;
+        resident_bytes.max(part_bytes) + bitmaps + (parts - r) * 2 * FP_BUFFER as u64 <= share
     }
 
     /// The parts a carry-over of these arguments to [`CarryOver::new`] uses: one whenever the added rows' matcher
@@ -181,10 +230,27 @@ impl CarryOver {
 
     /// A removed row batch with its fingerprints; with one part the rows no added row cancels are emitted now.
     pub(crate) fn remove(&mut self, batch: RecordBatch, fps: Vec<u128>, emit: &mut Emit<'_>) -> Result<()> {
-        if self.parts > 1 {
+        if self.parts == 1 {
+            return self.cancel(&batch, &fps, emit);
+        }
+        if self.resident == 0 {
             return self.split(Side::Removed, &batch, &fps);
         }
-        self.cancel(&batch, &fps, emit)
+        // rows of resident parts are decided now; only the others go to disk
+        let resident: Vec<bool> = fps.iter().map(|fp| self.part_of(*fp) < self.resident).collect();
+        let resident_fps: Vec<u128> = fps.iter().zip(&resident).filter(|(_, r)| **r).map(|(fp, _)| *fp).collect();
+        let (keep, cancelled) = self.matcher.cancel(&resident_fps);
+        self.stats.cancelled += cancelled;
+        let mut keep = keep.into_iter();
+        let emitted: Vec<bool> = resident.iter().map(|r| *r && keep.next().expect("a decision per resident row")).collect();
+        emit_masked(emit, Side::Removed, &batch, emitted, &self.schema)?;
+        if resident.iter().all(|r| *r) {
+            return Ok(());
+        }
+        let spilled = resident.iter().map(|r| !r).collect::<Vec<_>>();
+        let fps: Vec<u128> = fps.iter().zip(&spilled).filter(|(_, s)| **s).map(|(fp, _)| *fp).collect();
+        let batch = if spilled.iter().all(|s| *s) { batch } else { arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(spilled))? };
+        self.split(Side::Removed, &batch, &fps)
     }
 
     /// Emits what is left: the added rows no removed row cancelled (one part), or every part's survivors.
@@ -202,8 +268,13 @@ impl CarryOver {
         // match part by part on fingerprints alone, marking the cancelled rows of both sides
         let [removed, added] = std::mem::take(&mut self.sides);
         let mut dead = [Bitmap::new(removed.count), Bitmap::new(added.count)];
+        // the resident parts' matches first, then their matcher's memory serves the other parts
+        let keep = self.matcher.survivors(self.resident_rows.len());
+        self.resident_rows.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead[1].set(*row));
+        self.resident_rows = Vec::new();
         let mut numbers: Vec<u32> = Vec::with_capacity(self.rows_per_part);
-        for (a, r) in added.parts.into_iter().zip(removed.parts) {
+        let resident = self.resident as usize;
+        for (a, r) in added.parts.into_iter().zip(removed.parts).skip(resident) {
             self.stats.spilled_bytes += a.as_ref().map_or(0, |f| f.bytes) + r.as_ref().map_or(0, |f| f.bytes);
             // sized up front: growing a part's table would rehash it several times
             self.matcher.reset(self.rows_per_part);
@@ -276,17 +347,37 @@ impl CarryOver {
                 "a copy-on-write rewrite of one partition group has more than 2^32 {side:?} rows; carry-over numbers rows with 32 bits"
             )));
         }
+        let mut resident = Vec::new();
         for (i, fp) in fps.iter().enumerate() {
-            // the matcher indexes by the low half: partition by the high half (multiply-shift onto 0..parts; it is a
-            // hash already) so each part's table still spreads
-            let part = (((*fp >> 64) * parts as u128) >> 64) as usize;
+            let row = (first + i as u64) as u32;
+            let part = Self::part_in(*fp, parts);
+            if part < self.resident {
+                // only added rows get here: removed rows of resident parts were decided by `remove`
+                resident.push(*fp);
+                self.resident_rows.push(row);
+                continue;
+            }
+            let part = part as usize;
             let file = match &mut s.parts[part] {
                 Some(f) => f,
                 None => s.parts[part].insert(FpFile::create(&dir)?),
             };
-            file.push(*fp, (first + i as u64) as u32)?;
+            file.push(*fp, row)?;
+        }
+        if !resident.is_empty() {
+            self.matcher.add(&resident);
         }
         Ok(())
+    }
+
+    fn part_of(&self, fp: u128) -> u64 {
+        Self::part_in(fp, self.parts)
+    }
+
+    /// A fingerprint's part of `parts`. The matcher indexes by the low half, so parts go by the high half
+    /// (multiply-shift onto 0..parts; it is a hash already), and each part's table still spreads.
+    fn part_in(fp: u128, parts: u64) -> u64 {
+        (((fp >> 64) * parts as u128) >> 64) as u64
     }
 }
 
@@ -465,6 +556,17 @@ mod tests {
     /// Runs the protocol over `removed`/`added` in batches of 100 and returns the surviving (side, id, value) rows.
     /// `views`: the (removed, added) batches arrive with their strings as views, as the reader gives them.
     fn run_with(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64, views: (bool, bool)) -> (Vec<(Side, i64, String)>, CarryStats) {
+        run_planned(removed, added, share, views, None)
+    }
+
+    /// [`run_with`], with `(parts, resident)` forced when given.
+    fn run_planned(
+        removed: &[(i64, &str)],
+        added: &[(i64, &str)],
+        share: u64,
+        views: (bool, bool),
+        plan: Option<(u64, u64)>,
+    ) -> (Vec<(Side, i64, String)>, CarryStats) {
         let read = |rows: &[(i64, &str)], view: bool| {
             let b = batch(rows);
             if !view {
@@ -476,7 +578,11 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let fp = Fingerprinter::new(&schema()).unwrap();
-        let mut c = CarryOver::new(schema(), added.len() as u64, share, dir.path(), None);
+        let upper = added.len() as u64;
+        let mut c = match plan {
+            None => CarryOver::new(schema(), upper, share, dir.path(), None),
+            Some((parts, resident)) => CarryOver::with_parts(schema(), upper, share, dir.path(), None, parts, resident),
+        };
         let mut out = Vec::new();
         let mut emit = |side: Side, b: RecordBatch| -> Result<()> {
             let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
@@ -503,6 +609,27 @@ mod tests {
 
     fn run(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64) -> (Vec<(Side, i64, String)>, CarryStats) {
         run_with(removed, added, share, (false, false))
+    }
+
+    /// Resident parts fill the share: none when it holds nothing beside the parts' buffers, most when it nearly
+    /// holds every part, and what they and the rest hold stays within the share.
+    #[test]
+    fn resident_parts_fill_the_share() {
+        // a 100 M-row partition group (6.4 M added rows) at two groups per 256 MiB budget, and at one
+        let upper = 6_375_000;
+        for share in [54u64 << 20, 108 << 20] {
+            let parts = CarryOver::parts_for(upper, share);
+            let r = CarryOver::resident_for(upper, share, parts);
+            assert!(parts > 1 && r > 0 && r < parts, "{share}: {r} of {parts}");
+            assert!(!CarryOver::resident_for_fits(upper, share, parts, r + 1));
+            assert!(CarryOver::resident_for_fits(upper, share, parts, r));
+        }
+        let (half, full) = (54u64 << 20, 108 << 20);
+        let frac =
+            |share| CarryOver::resident_for(upper, share, CarryOver::parts_for(upper, share)) as f64 / CarryOver::parts_for(upper, share) as f64;
+        assert!(frac(half) > 0.25 && frac(full) > 0.7 && frac(full) < 1.0, "{} {}", frac(half), frac(full));
+        // a share that only holds the bitmaps and buffers
+        assert_eq!(CarryOver::resident_for(upper, 4 << 20, CarryOver::parts_for(upper, 4 << 20)), 0);
     }
 
     #[test]
@@ -542,6 +669,15 @@ mod tests {
         assert!(st.parts >= 6, "{st:?}");
         assert!(st.spilled_bytes > 0);
         assert_eq!(got, expected);
+        // some parts resident: the same changes, and less spilled than with none; all but one resident, and one
+        // part resident of many (the removed rows of resident parts never reach a file)
+        let (_, none) = run_planned(&removed, &added, 0, (false, false), Some((8, 0)));
+        for (parts, resident) in [(8, 3), (8, 7), (30, 1)] {
+            let (got, st) = run_planned(&removed, &added, 0, (false, false), Some((parts, resident)));
+            assert_eq!(got, expected, "{parts} parts, {resident} resident");
+            assert_eq!((st.cancelled, st.resident_parts), (3000 - 300 - 60, resident));
+            assert!(st.spilled_bytes < none.spilled_bytes, "{parts}/{resident}: {} vs {}", st.spilled_bytes, none.spilled_bytes);
+        }
         // strings read as views on either side: the same pairs cancel and survivors leave as plain strings (the emit
         // above downcasts to StringArray), in memory, overflowing and in parts
         for share in [64 << 20, 2 * Matcher::bytes_for(3100), Matcher::bytes_for(500)] {

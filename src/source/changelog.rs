@@ -627,7 +627,15 @@ impl ChangelogScan<'_> {
             (Ok(_), Ok(None)) => return Err(Error::Internal("the carry-over worker stopped before the end".into())),
             (Ok((a, r)), Ok(Some((stats, net)))) => (a, r, stats, net),
         };
-        tracing::debug!(added_upper, share, parts = stats.parts, spilled = stats.spilled_bytes, cancelled = stats.cancelled, "carry-over group done");
+        tracing::debug!(
+            added_upper,
+            share,
+            parts = stats.parts,
+            resident = stats.resident_parts,
+            spilled = stats.spilled_bytes,
+            cancelled = stats.cancelled,
+            "carry-over group done"
+        );
         Ok(GroupDone { totals: (a.0 + r.0, a.1 + r.1, a.2 + r.2), carry: stats, net })
     }
 

@@ -270,8 +270,8 @@ impl Matcher {
         let mut written = 0usize;
         self.scratch.clear();
         self.scratch.reserve_exact(*self.counts.iter().max().unwrap_or(&0) as usize);
-        for b in 0..firsts {
-            let (from, c) = (first_block[b] * block, self.counts[b] as usize);
+        for (b, first) in first_block[..firsts].iter().enumerate() {
+            let (from, c) = (first * block, self.counts[b] as usize);
             let base = b << second_bits;
             if second_bits == 0 {
                 self.entries.copy_within(from..from + c, written);
