@@ -156,7 +156,7 @@ impl CarryOver {
             added_overflow: None,
             sides: [side(), side()],
             resident,
-            resident_rows: Vec::with_capacity(if resident > 0 { first } else { 0 }),
+            resident_rows: Vec::with_capacity(if parts == 1 { 0 } else { first }),
             stats: CarryStats { parts, resident_parts: resident, ..Default::default() },
         }
     }
@@ -237,7 +237,7 @@ impl CarryOver {
             return self.split(Side::Removed, &batch, &fps);
         }
         // rows of resident parts are decided now; only the others go to disk
-        let resident: Vec<bool> = fps.iter().map(|fp| self.part_of(*fp) < self.resident).collect();
+        let resident: Vec<bool> = fps.iter().map(|fp| Self::part_in(*fp, self.parts) < self.resident).collect();
         let resident_fps: Vec<u128> = fps.iter().zip(&resident).filter(|(_, r)| **r).map(|(fp, _)| *fp).collect();
         let (keep, cancelled) = self.matcher.cancel(&resident_fps);
         self.stats.cancelled += cancelled;
@@ -368,10 +368,6 @@ impl CarryOver {
             self.matcher.add(&resident);
         }
         Ok(())
-    }
-
-    fn part_of(&self, fp: u128) -> u64 {
-        Self::part_in(fp, self.parts)
     }
 
     /// A fingerprint's part of `parts`. The matcher indexes by the low half, so parts go by the high half
