@@ -530,8 +530,19 @@ impl ChangelogScan<'_> {
         // groups are CPU work (decode, fingerprint): as many at once as there are cores, within the read concurrency
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = self.opts.concurrency.min(cores).clamp(1, groups.len().max(1));
-        tracing::debug!(groups = groups.len(), concurrent = k, "carry-over groups");
-        let share = (share_of(self.opts.memory_budget, CARRY_SHARE) / k as u64).max(1);
+        let carry_share = share_of(self.opts.memory_budget, CARRY_SHARE);
+        let added_upper = |g: &Vec<FileJob>| g.iter().filter(|j| j.can_add()).map(|j| j.file.file.record_count()).sum::<u64>();
+        // When groups would have to be split, they take turns instead: one group at a time holds the carry-over
+        // share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
+        // spilled: 15.8 → 13.3 GB), and hands it on
+        // as soon as its resident parts are matched; the next group then reads and matches while this one matches
+        // its other parts from disk and streams its survivors, so both cores stay busy. The finishing group still
+        // holds a part's matcher, two bitmaps, its parts' file buffers and the batches it streams: a quarter of the
+        // share is left for that (with an eighth, peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
+        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) > 1);
+        tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
+        let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
+        let turns = solo.then(|| Arc::new(tokio::sync::Semaphore::new(1)));
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true, views: false };
         // a netter per group shares the netting budget like the groups share theirs
@@ -539,10 +550,12 @@ impl ChangelogScan<'_> {
             GroupNet::Own { data_schema, key_idx, budget, tx } => GroupNet::Own { data_schema, key_idx, budget: (budget / k as u64).max(1), tx },
             shared => shared,
         };
-        let done: Vec<GroupDone> = futures::stream::iter(groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, share, reads, &net)))
-            .buffer_unordered(k)
-            .try_collect()
-            .await?;
+        let done: Vec<GroupDone> = futures::stream::iter(
+            groups.into_iter().map(|g| self.cancel_group(snapshot, g, &read, GroupBudget { share, reads, turn: turns.clone() }, &net)),
+        )
+        .buffer_unordered(k)
+        .try_collect()
+        .await?;
         // The tables handed between groups are freed with the last group: kept, they held ~50 MB at 10 M rows
         // through the merge and the sink's writing, where the scan's peak memory is.
         if let Ok(mut pool) = self.matchers.lock() {
@@ -570,10 +583,14 @@ impl ChangelogScan<'_> {
         snapshot: &SnapshotRef,
         jobs: Vec<FileJob>,
         read: &ReadSpec<'_>,
-        share: u64,
-        concurrency: usize,
+        budget: GroupBudget,
         net: &GroupNet,
     ) -> Result<GroupDone> {
+        let GroupBudget { share, reads: concurrency, turn } = budget;
+        let mut permit = match turn {
+            Some(t) => Some(t.acquire_owned().await.map_err(|_| Error::Internal("carry-over turns were closed".into()))?),
+            None => None,
+        };
         let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
         let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
         let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
@@ -594,7 +611,12 @@ impl ChangelogScan<'_> {
                 let rows = match msg {
                     GroupRows::Rows(rows) => rows,
                     GroupRows::Done => {
+                        if carry.release_resident() {
+                            // what is left of this group fits in little memory: the next group may start
+                            drop(permit.take());
+                        }
                         let Finished { stats, matcher } = carry.finish(&mut emit)?;
+                        drop(permit);
                         if let Ok(mut p) = pool.lock() {
                             p.push(matcher);
                         }
@@ -929,6 +951,14 @@ impl Survivors {
         }
         Ok(Some(merge.stats()))
     }
+}
+
+/// What one carry-over group may use: bytes of memory, concurrent file reads, and, when groups take turns with
+/// the share, the turn it waits for before reading.
+struct GroupBudget {
+    share: u64,
+    reads: usize,
+    turn: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// What one carry-over group did.

@@ -137,6 +137,19 @@ impl Matcher {
         (self.bits, self.sealed, self.replayed) = (0, false, 0);
     }
 
+    /// [`Matcher::reset`] for `rows`, giving back the memory beyond what they need (a group in parts keeps only a
+    /// part's matcher once its resident parts are done).
+    pub(crate) fn shrink(&mut self, rows: usize) {
+        self.reset(rows);
+        self.entries.shrink_to(rows + (1 << self.layout.first_bits) * self.layout.block);
+        self.owner.shrink_to(rows / self.layout.block + (1 << self.layout.first_bits));
+        self.taken.shrink_to(rows.div_ceil(64));
+        self.counts.shrink_to(1 << self.layout.first_bits);
+        self.next.shrink_to(1 << self.layout.first_bits);
+        self.dir.shrink_to_fit();
+        self.scratch = Vec::new();
+    }
+
     /// The bytes a matcher sized for `rows` holds at most once it has them and is sealed: entries with the last
     /// blocks' slack, the per-block owners, the sorting scratch (a first-level bucket with room for variance), the
     /// directory and a bit per row.
@@ -454,6 +467,13 @@ mod tests {
             m.add(&fps);
             m.cancel(&[]);
             assert_eq!(m.entries.capacity(), before, "reused in place");
+            // shrunk to a part's size: what it holds is what that part needs, and it still matches
+            let part = n / 16;
+            m.shrink(part);
+            assert!(held(&m) as u64 <= Matcher::bytes_for(part as u64), "{n} rows shrunk to {part}: {}", held(&m));
+            m.add(&fps[..part]);
+            let (keep, cancelled) = m.cancel(&fps[..part / 2]);
+            assert_eq!((cancelled as usize, keep.iter().filter(|k| !**k).count()), (part / 2, part / 2));
         }
     }
 }
