@@ -531,14 +531,13 @@ impl ChangelogScan<'_> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = self.opts.concurrency.min(cores).clamp(1, groups.len().max(1));
         let carry_share = share_of(self.opts.memory_budget, CARRY_SHARE);
-        let added_upper = |g: &Vec<FileJob>| g.iter().filter(|j| j.can_add()).map(|j| j.file.file.record_count()).sum::<u64>();
         // When groups would have to be split, they take turns instead: one group at a time holds the carry-over
         // share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
-        // spilled: 15.8 → 13.3 GB), and hands it on
-        // as soon as its resident parts are matched; the next group then reads and matches while this one matches
-        // its other parts from disk and streams its survivors, so both cores stay busy. The finishing group still
-        // holds a part's matcher, two bitmaps, its parts' file buffers and the batches it streams: a quarter of the
-        // share is left for that (with an eighth, peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
+        // spilled: 15.8 → 13.3 GB), and hands it on as soon as its resident parts are matched; the next group then
+        // reads and matches while this one matches its other parts from disk and streams its survivors, so both
+        // cores stay busy. The finishing group still holds a part's matcher, two bitmaps, its parts' file buffers
+        // and the batches it streams: a quarter of the share is left for that (with an eighth, peak RSS reached 394
+        // MB at 100 M rows, over budget + 128 MB).
         let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) > 1);
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
@@ -593,7 +592,7 @@ impl ChangelogScan<'_> {
         };
         let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
         let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
-        let added_upper: u64 = adders.iter().map(|j| j.file.file.record_count()).sum();
+        let added_upper = added_upper(&adders);
         // a group held in memory drops most rows it reads: its strings are read as views and only the survivors
         // converted back; a group in parts spills every row, converted first, so views would only add a copy
         let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == 1, ..*read };
@@ -951,6 +950,11 @@ impl Survivors {
         }
         Ok(Some(merge.stats()))
     }
+}
+
+/// An upper bound on the rows a group's files add (manifest record counts of the files that can add rows).
+fn added_upper(jobs: &[FileJob]) -> u64 {
+    jobs.iter().filter(|j| j.can_add()).map(|j| j.file.file.record_count()).sum()
 }
 
 /// What one carry-over group may use: bytes of memory, concurrent file reads, and, when groups take turns with

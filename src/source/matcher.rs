@@ -140,14 +140,8 @@ impl Matcher {
     /// [`Matcher::reset`] for `rows`, giving back the memory beyond what they need (a group in parts keeps only a
     /// part's matcher once its resident parts are done).
     pub(crate) fn shrink(&mut self, rows: usize) {
-        self.reset(rows);
-        self.entries.shrink_to(rows + (1 << self.layout.first_bits) * self.layout.block);
-        self.owner.shrink_to(rows / self.layout.block + (1 << self.layout.first_bits));
-        self.taken.shrink_to(rows.div_ceil(64));
-        self.counts.shrink_to(1 << self.layout.first_bits);
-        self.next.shrink_to(1 << self.layout.first_bits);
-        self.dir.shrink_to_fit();
-        self.scratch = Vec::new();
+        // a fresh matcher sized like `reset` sizes one; the old tables are freed
+        *self = Matcher::with_capacity(rows);
     }
 
     /// The bytes a matcher sized for `rows` holds at most once it has them and is sealed: entries with the last
