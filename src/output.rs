@@ -79,6 +79,12 @@ impl crate::change::ChangeSink for WriterSink<'_> {
     }
 }
 
+/// Dictionary size of a Parquet output column chunk before it falls back to plain encoding. The commit columns and
+/// low-cardinality data columns fit; a key or other high-cardinality column falls back after a few thousand values
+/// instead of interning 1 MiB of them (parquet-rs's default) per row group. Measured on the 10 M case's 1 M change
+/// rows: 9.6 → 6.1 MB written and about a third less CPU to write them (ZSTD compresses the plain values better).
+const DICTIONARY_PAGE_BYTES: usize = 64 << 10;
+
 /// A writer of change rows (in the engine's change schema; `_change_type` is encoded as its name here).
 pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Box<dyn ChangeWriter>> {
     let target = Target::open(path)?;
@@ -86,7 +92,10 @@ pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef) -> Result<Bo
     Ok(match format {
         Format::Jsonl => Box::new(JsonLines { target, line: String::new(), schema }),
         Format::Parquet => {
-            let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap())).build();
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap()))
+                .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES)
+                .build();
             let path = target.name();
             let writer = ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema.clone(), Some(props))
                 .map_err(|e| output_error(&path, e))?;
