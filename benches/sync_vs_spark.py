@@ -136,14 +136,21 @@ def one_size(spark, wh, n, args):
     cdc_wall, cdc_cpu, _, summary = runs[len(runs) // 2]
     cdc_rss = max(r[2] for r in runs)
 
-    # --- raw scan: DuckDB, one thread, every column of the same files decoded and every row hashed
-    raw = raw_scan(involved, args.runs)
+    # --- raw scan: DuckDB, one thread, every column of the same files decoded and every row hashed; and
+    # `cdc changes` of the same MERGE to a Parquet file, alternating with it so both see the same host
+    changes, raws = [], []
+    out = os.path.join(wh, f"changes_{n}.parquet")
+    for _ in range(args.runs):
+        changes.append(measured([args.cdc, "changes", "--config", cfg, "--from-snapshot", str(s1), "--to-snapshot", str(s2), "--format", "parquet", "--output", out]))
+        raws.append(raw_scan(involved, 1))
+    raw = min(raws, key=lambda r: r[1])
+    changes = min(changes, key=lambda r: r[1])
 
     # --- Spark: the same job as a Spark user writes it (skipped above --spark-max-rows)
     if args.spark_max_rows is not None and n > args.spark_max_rows:
         assert differs_from(spark, src, f"{CAT}.cdc_target.orders_{n}") == 0
         return dict(n=n, s1=s1, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
-                    cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, spark_wall=None, spark_cpu=None, spark_rss=None)
+                    cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, changes=changes, spark_wall=None, spark_cpu=None, spark_rss=None)
     tgt = f"{CAT}.spark_target.orders_{n}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.spark_target")
     spark.sql(f"CREATE TABLE {tgt} USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='merge-on-read') AS SELECT * FROM {src} VERSION AS OF {s1}")
@@ -166,7 +173,7 @@ def one_size(spark, wh, n, args):
     # both targets equal the source
     assert differs_from(spark, src, f"{CAT}.cdc_target.orders_{n}") == 0 and differs_from(spark, src, tgt) == 0
     return dict(n=n, s1=s1, involved_files=len(involved), involved_bytes=involved_bytes, boot=boot, boot_read=boot_read, cdc_wall=cdc_wall, cdc_p100=runs[-1][0],
-                cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, spark_wall=spark_wall, spark_cpu=spark_cpu, spark_rss=spark_rss)
+                cdc_cpu=cdc_cpu, cdc_rss=cdc_rss, summary=summary, raw=raw, changes=changes, spark_wall=spark_wall, spark_cpu=spark_cpu, spark_rss=spark_rss)
 
 
 def sparse_mor(spark, wh, n, src, s1, args):
@@ -258,6 +265,12 @@ def main():
         print(f"| {r['n']:,} | {r['involved_files']} | {r['involved_bytes'] / 1e6:.0f} | {r['cdc_wall']:.2f} | {r['cdc_cpu']:.2f} | {r['cdc_cpu'] / gb:.1f} "
               f"| {s['source_bytes_read'] / r['involved_bytes']:.2f} | {s['spilled_bytes'] / 1e6:.0f} | {r['cdc_rss']:.0f} | {r['raw'][1]:.2f} "
               f"| {r['raw'][1] / r['cdc_cpu']:.2f} | " + (f"{r['spark_cpu']:.1f} | {r['spark_cpu'] / r['cdc_cpu']:.1f}x |" if r["spark_cpu"] is not None else "not run | — |"))
+    print("\nThe same MERGE as `cdc changes --format parquet` (least CPU of the runs, alternating with the raw scan):\n")
+    print("| rows | `cdc changes` wall s | CPU s | CPU s per GB | peak RSS MB | raw scan CPU s | cdc speed / raw scan |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        w, c, rss = r["changes"][:3]
+        print(f"| {r['n']:,} | {w:.2f} | {c:.2f} | {c / (r['involved_bytes'] / 1e9):.1f} | {rss:.0f} | {r['raw'][1]:.2f} | {r['raw'][1] / c:.2f} |")
     print("\n| rows | bootstrap wall s | bootstrap CPU s | bootstrap CPU s per GB read | bootstrap peak RSS MB | sync wall / CPU (2 cores) |")
     print("|---|---|---|---|---|---|")
     for r in results:
