@@ -85,6 +85,10 @@ pub enum Error {
     #[error("stopped by a shutdown request before committing; nothing of the interrupted commit was applied")]
     Cancelled,
 
+    /// The work does not fit what the engine can hold as configured (`engine.memory_budget`), or at all.
+    #[error("{what}: {fix}")]
+    TooLarge { what: String, fix: String },
+
     #[error("{0}")]
     Internal(String),
 }
@@ -108,6 +112,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } => "config",
+            Error::TooLarge { .. } => "too_large",
             Error::Catalog { .. } | Error::CommitUnknown { .. } => "catalog",
             Error::Auth { .. } => "auth",
             Error::Kafka { .. } => "kafka",
@@ -131,6 +136,7 @@ impl Error {
         matches!(
             self,
             Error::Config(_)
+                | Error::TooLarge { .. }
                 | Error::Key(_)
                 | Error::Schema(_)
                 | Error::Range(_)
@@ -142,7 +148,7 @@ impl Error {
 
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::ConfigFile { .. } => exit::CONFIG,
+            Error::Config(_) | Error::ConfigFile { .. } | Error::TooLarge { .. } => exit::CONFIG,
             Error::Catalog { .. } | Error::Conflict { .. } | Error::CommitUnknown { .. } => exit::CATALOG,
             Error::Auth { .. } => exit::AUTH,
             Error::Kafka { .. } | Error::Fenced { .. } => exit::KAFKA,

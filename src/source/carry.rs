@@ -54,6 +54,12 @@ const ENTRY_BYTES: usize = 20;
 /// cache. At 100 M rows, 1 MiB parts halved the lookups' cost against parts as large as the share, but scattering
 /// fingerprints into their 200 part files' buffers cost most of what that saved; 2 MiB is between.
 const PART_MATCHER_BYTES: u64 = 2 << 20;
+/// Rows one matcher holds at most (it numbers them with 32 bits), and rows one side of a group in parts may have
+/// (the parts' files and the bitmaps number them with 32 bits too).
+pub(crate) const MAX_MATCHER_ROWS: u64 = u32::MAX as u64;
+/// How far the parts' file buffers may pass the share's room before a plan counts as not fitting: tiny budgets (tests,
+/// a few MiB) still run, within the fixed overhead the budget does not cover.
+const BUFFER_SLACK: u64 = 32 << 20;
 /// Entries read from a part's fingerprint file at once.
 const ENTRIES_PER_READ: usize = 8192;
 
@@ -130,10 +136,13 @@ struct SideSpill {
 impl CarryOver {
     /// `added_upper`: an upper bound on the added rows (manifest record counts); `share`: the bytes this group may
     /// hold; `recycled`: a matcher an earlier group handed back, whose memory is reused (see [`Finished`]).
-    pub(crate) fn new(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path, recycled: Option<Matcher>) -> Self {
-        let parts = Self::parts_for(added_upper, share);
+    /// Fails when no plan fits the share ([`CarryOver::parts_for`]; the scan checks every group before reading).
+    pub(crate) fn new(schema: SchemaRef, added_upper: u64, share: u64, spill_dir: &Path, recycled: Option<Matcher>) -> Result<Self> {
+        let Some(parts) = Self::parts_for(added_upper, share) else {
+            return Err(Error::Internal(format!("carry-over of {added_upper} added rows planned with a share of {share} bytes, which no plan fits")));
+        };
         let resident = if parts == 1 { 0 } else { Self::resident_for(added_upper, share, parts) };
-        Self::with_parts(schema, added_upper, share, spill_dir, recycled, parts, resident)
+        Ok(Self::with_parts(schema, added_upper, share, spill_dir, recycled, parts, resident))
     }
 
     /// [`CarryOver::new`] with the parts and resident parts given (tests force them).
@@ -188,6 +197,9 @@ impl CarryOver {
     /// Whether `r` resident parts of `parts` fit the share (see [`CarryOver::resident_for`]).
     fn resident_for_fits(added_upper: u64, share: u64, parts: u64, r: u64) -> bool {
         let per_part = added_upper.div_ceil(parts);
+        if per_part * r >= MAX_MATCHER_ROWS {
+            return false;
+        }
         let bitmaps = added_upper.div_ceil(8) * 2;
         let resident_bytes = Matcher::bytes_for(per_part * r) + per_part * r * 4;
         let part_bytes = Matcher::bytes_for(per_part) + per_part * 4;
@@ -199,21 +211,51 @@ impl CarryOver {
     /// that each part's matcher, with the two sides' bitmaps, fits the share, and more, up to [`PART_MATCHER_BYTES`]
     /// a part, while the parts' file buffers take at most a quarter of the share: a part's lookups then mostly hit
     /// the cache (at 100 M rows, parts as large as the share spent 13 % of a sync in cache misses).
-    pub(crate) fn parts_for(added_upper: u64, share: u64) -> u64 {
-        if Matcher::bytes_for(added_upper) <= share {
-            return 1;
+    ///
+    /// `None` when no plan fits: the two bitmaps (a bit per row of each side) fill the share — from about 4 rows per
+    /// byte of share — or the parts' file buffers would pass it by more than [`BUFFER_SLACK`]. The scan reports that
+    /// with the budget that would do ([`CarryOver::least_share`]) before it reads anything.
+    pub(crate) fn parts_for(added_upper: u64, share: u64) -> Option<u64> {
+        if Matcher::bytes_for(added_upper) <= share && added_upper < MAX_MATCHER_ROWS {
+            return Some(1);
         }
         // both sides' bitmaps (the removed side is about as large), and a part's matcher maps its rows back to their
         // numbers (4 bytes a row)
-        let room = share.saturating_sub(added_upper.div_ceil(8) * 2).max(1);
+        let room = share.checked_sub(added_upper.div_ceil(8) * 2).filter(|r| *r > 0)?;
         let most = (share / 4 / (2 * FP_BUFFER as u64)).max(2);
-        let part_bytes = |parts: u64| Matcher::bytes_for(added_upper.div_ceil(parts)) + added_upper.div_ceil(parts) * 4;
-        let fits = |parts: u64| part_bytes(parts) <= room && (part_bytes(parts) <= PART_MATCHER_BYTES || parts >= most);
+        let rows = |parts: u64| added_upper.div_ceil(parts);
+        let part_bytes = |parts: u64| Matcher::bytes_for(rows(parts)) + rows(parts) * 4;
+        let fits =
+            |parts: u64| part_bytes(parts) <= room && rows(parts) < MAX_MATCHER_ROWS && (part_bytes(parts) <= PART_MATCHER_BYTES || parts >= most);
         let mut parts = (added_upper * 20 / room.min(PART_MATCHER_BYTES)).clamp(2, most); // a part holds more than 20 bytes a row
-        while !fits(parts) && parts < added_upper.max(1) {
+        while !fits(parts) {
             parts += 1;
+            // every further part adds two file buffers: past this, more parts only need more memory
+            if parts * 2 * FP_BUFFER as u64 > room + BUFFER_SLACK || parts > added_upper.max(2) {
+                return None;
+            }
         }
-        parts
+        Some(parts)
+    }
+
+    /// The least share with which [`CarryOver::parts_for`] finds a plan for `added_upper` added rows.
+    pub(crate) fn least_share(added_upper: u64) -> u64 {
+        let (mut lo, mut hi) = (1u64, 1u64 << 20);
+        while Self::parts_for(added_upper, hi).is_none() {
+            if hi == u64::MAX {
+                return hi;
+            }
+            (lo, hi) = (hi, hi.saturating_mul(2));
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if Self::parts_for(added_upper, mid).is_some() {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        hi
     }
 
     /// An added row batch with its fingerprints (all adds come before the first remove).
@@ -599,7 +641,7 @@ mod tests {
         let fp = Fingerprinter::new(&schema()).unwrap();
         let upper = added.len() as u64;
         let mut c = match plan {
-            None => CarryOver::new(schema(), upper, share, dir.path(), None),
+            None => CarryOver::new(schema(), upper, share, dir.path(), None).unwrap(),
             Some((parts, resident)) => CarryOver::with_parts(schema(), upper, share, dir.path(), None, parts, resident),
         };
         let mut out = Vec::new();
@@ -640,18 +682,42 @@ mod tests {
         // a 100 M-row partition group (6.4 M added rows) at two groups per 256 MiB budget, and at one
         let upper = 6_375_000;
         for share in [54u64 << 20, 108 << 20] {
-            let parts = CarryOver::parts_for(upper, share);
+            let parts = CarryOver::parts_for(upper, share).unwrap();
             let r = CarryOver::resident_for(upper, share, parts);
             assert!(parts > 1 && r > 0 && r < parts, "{share}: {r} of {parts}");
             assert!(!CarryOver::resident_for_fits(upper, share, parts, r + 1));
             assert!(CarryOver::resident_for_fits(upper, share, parts, r));
         }
         let (half, full) = (54u64 << 20, 108 << 20);
-        let frac =
-            |share| CarryOver::resident_for(upper, share, CarryOver::parts_for(upper, share)) as f64 / CarryOver::parts_for(upper, share) as f64;
+        let parts = |share| CarryOver::parts_for(upper, share).unwrap();
+        let frac = |share| CarryOver::resident_for(upper, share, parts(share)) as f64 / parts(share) as f64;
         assert!(frac(half) > 0.25 && frac(full) > 0.7 && frac(full) < 1.0, "{} {}", frac(half), frac(full));
         // a share that only holds the bitmaps and buffers
-        assert_eq!(CarryOver::resident_for(upper, 4 << 20, CarryOver::parts_for(upper, 4 << 20)), 0);
+        assert_eq!(CarryOver::resident_for(upper, 4 << 20, parts(4 << 20)), 0);
+    }
+
+    /// A group too large for the share has no plan, found at once (not by counting parts up to its rows); the least
+    /// share that has one is close to what its bitmaps need, and a plan made with it fits it.
+    #[test]
+    fn a_group_too_large_for_its_share_has_no_plan() {
+        let share = 108u64 << 20;
+        for rows in [1_000_000_000u64, 6_000_000_000] {
+            let t = std::time::Instant::now();
+            assert_eq!(CarryOver::parts_for(rows, share), None, "{rows}");
+            assert!(t.elapsed() < std::time::Duration::from_secs(1), "{rows}: {:?}", t.elapsed());
+            let least = CarryOver::least_share(rows);
+            let parts = CarryOver::parts_for(rows, least).expect("the least share has a plan");
+            // what the plan holds: both bitmaps, a part's matcher and numbers, the parts' file buffers
+            let per_part = rows.div_ceil(parts);
+            assert!(per_part < MAX_MATCHER_ROWS);
+            assert!(rows.div_ceil(8) * 2 + Matcher::bytes_for(per_part) + per_part * 4 <= least, "{rows}: {parts} parts at {least}");
+            assert!(least < rows, "{rows}: {least} bytes is more than a byte a row");
+        }
+        // the 100 M-row case's groups (6.4 M added rows) still plan in parts, and a small group in one
+        assert!(CarryOver::parts_for(6_375_000, share).is_some_and(|p| p > 1));
+        assert_eq!(CarryOver::parts_for(100_000, share), Some(1));
+        // more rows than a matcher numbers are never one part, whatever the share
+        assert_ne!(CarryOver::parts_for(MAX_MATCHER_ROWS, u64::MAX / 4), Some(1));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::error::{Error, Result};
-use crate::source::carry::{CarryOver, CarryStats, Finished};
+use crate::source::carry::{CarryOver, CarryStats, Finished, MAX_MATCHER_ROWS};
 use crate::source::files::{self, FileEntry};
 use crate::source::fingerprint::Fingerprinter;
 use crate::source::net::{NetStats, Netter, Side};
@@ -538,9 +538,13 @@ impl ChangelogScan<'_> {
         // cores stay busy. The finishing group still holds a part's matcher, two bitmaps, its parts' file buffers
         // and the batches it streams: a quarter of the share is left for that (with an eighth, peak RSS reached 394
         // MB at 100 M rows, over budget + 128 MB).
-        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) > 1);
+        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) != Some(1));
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
+        // a group no plan fits stops the scan before anything is read, saying what would do
+        for g in &groups {
+            self.check_group_fits(snapshot, g, share)?;
+        }
         let turns = solo.then(|| Arc::new(tokio::sync::Semaphore::new(1)));
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true, views: false };
@@ -570,6 +574,44 @@ impl ChangelogScan<'_> {
         Ok(pushed)
     }
 
+    /// Whether carry-over can match group `jobs` with `share` bytes: rows a side within what it numbers, and a plan
+    /// that fits ([`CarryOver::parts_for`]). Else the error says which budget would do, or that the partition is too
+    /// large for one rewrite.
+    fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64) -> Result<()> {
+        let added = added_upper(jobs);
+        let removed: u64 = jobs.iter().filter(|j| j.can_remove()).map(|j| j.file.file.record_count()).sum();
+        let rows = added.max(removed);
+        let what = || {
+            format!(
+                "snapshot {} of `{}` rewrites {rows} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
+                snapshot.snapshot_id(),
+                self.table.identifier()
+            )
+        };
+        let plan = CarryOver::parts_for(added, share);
+        if rows >= MAX_MATCHER_ROWS && plan != Some(1) {
+            return Err(Error::TooLarge {
+                what: what(),
+                fix: format!("carry-over matches at most {} rows a side in one partition; partition the table (e.g. by bucket(N, key)) so that a rewrite touches smaller partitions", MAX_MATCHER_ROWS),
+            });
+        }
+        if plan.is_none() {
+            // the share is a fixed part of the budget: scale the least share that has a plan back to a budget
+            let budget = self.opts.memory_budget;
+            let needed = (CarryOver::least_share(added) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
+            let mib = |b: u128| b.div_ceil(1 << 20);
+            return Err(Error::TooLarge {
+                what: what(),
+                fix: format!(
+                    "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
+                    mib(needed),
+                    mib(budget as u128)
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
     /// lose rows; survivors go to the netter.
     ///
@@ -595,7 +637,7 @@ impl ChangelogScan<'_> {
         let added_upper = added_upper(&adders);
         // a group held in memory drops most rows it reads: its strings are read as views and only the survivors
         // converted back; a group in parts spills every row, converted first, so views would only add a copy
-        let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == 1, ..*read };
+        let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == Some(1), ..*read };
         let (schema, spill_dir) = (read.schema.clone(), self.opts.spill_dir.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel::<GroupRows>(2);
         let (net, pool) = (net.clone(), self.matchers.clone());
@@ -603,7 +645,7 @@ impl ChangelogScan<'_> {
         let worker = tokio::spawn(async move {
             // built here, on the worker: its entries are written where the rows are matched
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
-            let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled);
+            let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled)?;
             let mut survivors = Survivors::new(net, &spill_dir)?;
             let mut emit = |side: Side, b: RecordBatch| survivors.push(side, b);
             while let Some(msg) = rx.recv().await {

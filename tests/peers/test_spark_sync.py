@@ -4,6 +4,7 @@ the source at the synced snapshot, row for row, with no duplicate keys."""
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -209,6 +210,33 @@ def test_merge_on_read_deletes_with_a_small_budget(spark, spark_tables, warehous
     summary = json.loads(run_cdc("sync", "--config", cfg, "--json").stdout)
     assert summary["spilled_bytes"] > 0 and summary["updates"] == 20000, summary
     assert_replica(spark, t, tgt, ["id", "v", "n"])
+
+
+def test_a_rewrite_too_large_for_the_budget_says_which_budget_does(spark, spark_tables, warehouse, tmp_path):
+    """A copy-on-write UPDATE of an unpartitioned table of 2.5 M rows at the 1 MiB minimum budget: carry-over cannot
+    hold the group's bitmaps, so `cdc changes` stops before reading (exit 3), naming the budget that would do — and at
+    that budget it runs, reporting exactly the updated rows, read once."""
+    t = f"{CAT}.db.cow_too_large"
+    spark.sql(f"DROP TABLE IF EXISTS {t}")
+    spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, n INT) USING iceberg TBLPROPERTIES ('format-version'='2', "
+              "'write.update.mode'='copy-on-write')")
+    spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+    spark.range(2_500_000).selectExpr("id", "cast(id % 7 as int) as n").coalesce(2).writeTo(t).append()
+    spark.sql(f"UPDATE {t} SET n = n + 100 WHERE id % 1000 = 3")
+    s1, s2 = lineage(spark, t)
+    small = write_config(str(tmp_path / "small.toml"), "db.cow_too_large", warehouse, f'[engine]\nmemory_budget = "1MiB"\nspill_dir = "{tmp_path}"')
+    p = run_cdc("changes", "--config", small, "--from-snapshot", str(s1), check=False)
+    assert p.returncode == 3 and p.stdout == "", (p.returncode, p.stderr)
+    assert f"snapshot {s2}" in p.stderr and "2500000 rows" in p.stderr, p.stderr
+    needed = re.search(r'engine\.memory_budget = "(\d+)MiB" or more', p.stderr)
+    assert needed and 1 < int(needed.group(1)) < 64, p.stderr
+    enough = write_config(str(tmp_path / "enough.toml"), "db.cow_too_large", warehouse,
+                          f'[engine]\nmemory_budget = "{needed.group(1)}MiB"\nspill_dir = "{tmp_path}"')
+    q = run_cdc("changes", "--config", enough, "--from-snapshot", str(s1))
+    got = Counter(r["_change_type"] for r in map(json.loads, q.stdout.splitlines()))
+    assert got == {"UPDATE_BEFORE": 2500, "UPDATE_AFTER": 2500}, got
+    assert "2500 update" in q.stderr and " MB spilled" in q.stderr, q.stderr
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("cdc-")], os.listdir(tmp_path)  # spill files removed
 
 
 def test_sync_survives_sigkill_at_random_moments(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path):
