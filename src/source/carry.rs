@@ -8,7 +8,9 @@
 //! then every removed row ([`CarryOver::remove`], which emits the removed rows that no added row cancels), then
 //! [`CarryOver::finish`] emits the added rows no removed row cancelled.
 //!
-//! Memory is bounded by `share`, whatever the size of the group, and no data file is read twice:
+//! Memory is bounded by `share` and no data file is read twice, for any group up to about three rows a side per byte
+//! of share (beyond, the two bitmaps and the parts' file buffers would fill it; the scan then stops before reading and
+//! names the budget that does, see [`CarryOver::parts_for`]):
 //! - one part (the added rows' [`Matcher`] fits the share): added fingerprints go into the matcher; added rows
 //!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
 //!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
