@@ -8,9 +8,10 @@
 //! then every removed row ([`CarryOver::remove`], which emits the removed rows that no added row cancels), then
 //! [`CarryOver::finish`] emits the added rows no removed row cancelled.
 //!
-//! Memory is bounded by `share` and no data file is read twice, for any group up to about three rows a side per byte
-//! of share (beyond, the two bitmaps and the parts' file buffers would fill it; the scan then stops before reading and
-//! names the budget that does, see [`CarryOver::parts_for`]):
+//! Memory is bounded by `share` and no data file is read twice. What a group holds does not grow with its rows,
+//! only the number of its parts does (each part's matcher fits the share). A group so large that its parts' file
+//! buffers would fill the share (~5 billion rows at the default budget) is refused before anything is read; the
+//! scan names the budget that does ([`CarryOver::parts_for`]):
 //! - one part (the added rows' [`Matcher`] fits the share): added fingerprints go into the matcher; added rows
 //!   are kept in memory while they fit the rest of the share, and beyond it appended to a local spill file (Arrow
 //!   IPC) that `finish` streams back in the same order (the matcher knows added rows by their order).
@@ -18,18 +19,20 @@
 //!   (no copy per part); only their fingerprints, with the row's number on its side, are partitioned (by the
 //!   fingerprint, so equal rows meet in one part) into small per-part files. `finish` matches part by part on
 //!   fingerprints alone — the part's added fingerprints into a fresh matcher, its removed fingerprints cancelling —
-//!   and marks the cancelled rows of both sides in two bitmaps (a bit per row); then it streams each side's rows
-//!   back once and emits those not marked.
+//!   and writes the numbers of the rows that survive on each side to a small file per part (ascending: a part's
+//!   files hold its rows in arrival order). Then it streams each side's rows back once and emits those that a merge
+//!   of its parts' lists names. An earlier version marked the cancelled rows in two bitmaps held in memory, a bit
+//!   per row of each side. At the default budget those bitmaps filled the share from ~500 M rows in one group.
 //! - resident parts (a hybrid of the two, whenever there are several parts): the first parts, as many as the share
 //!   holds beside the rest, keep their added fingerprints in a matcher in memory instead of a file. A removed row of
 //!   a resident part is decided as it arrives — cancelled, or emitted at once — so only the removed rows of the
-//!   other parts are spilled; the resident matches become marks in the added side's bitmap at `finish`. The added
+//!   other parts are spilled; the resident parts' surviving added rows become one more list. The added
 //!   side is spilled whole either way (its survivors are known only once every removed row has been seen). At 100 M
 //!   rows, a partition group's added fingerprints are about twice its share: a third of the removed side no longer
 //!   goes to disk.
-//! - taking turns: after the last removed row, [`CarryOver::release_resident`] marks the resident matches in the
-//!   added side's bitmap and shrinks the matcher to one part's size. From there the group holds a part's matcher and
-//!   two bitmaps, so the scan lets groups in parts take turns with a share 1.5 times as large — the next group reads and
+//! - taking turns: after the last removed row, [`CarryOver::release_resident`] lists the resident parts' surviving
+//!   added rows and shrinks the matcher to one part's size. From there the group holds a part's matcher and the
+//!   lists' buffers, so the scan lets groups in parts take turns with a share 1.5 times as large — the next group reads and
 //!   matches while this one finishes (at 100 M rows 56 % of the parts resident instead of 32 %).
 //!
 //! [`Matcher::bytes_for`] says what the matcher of a part holds; a part also maps its matcher's rows back to their
@@ -57,7 +60,7 @@ const ENTRY_BYTES: usize = 20;
 /// fingerprints into their 200 part files' buffers cost most of what that saved; 2 MiB is between.
 const PART_MATCHER_BYTES: u64 = 2 << 20;
 /// Rows one matcher holds at most (it numbers them with 32 bits), and rows one side of a group in parts may have
-/// (the parts' files and the bitmaps number them with 32 bits too).
+/// (the parts' files and survivor lists number them with 32 bits too).
 pub(crate) const MAX_MATCHER_ROWS: u64 = u32::MAX as u64;
 /// How far the parts' file buffers may pass the share's room before a plan counts as not fitting: tiny budgets (tests,
 /// a few MiB) still run, within the fixed overhead the budget does not cover.
@@ -122,8 +125,9 @@ pub(crate) struct CarryOver {
     /// number of the matcher's row `i`.
     resident: u64,
     resident_rows: Vec<u32>,
-    /// Several parts, once [`CarryOver::release_resident`] ran: the cancelled rows of each side so far.
-    dead: Option<[Bitmap; 2]>,
+    /// Several parts, once [`CarryOver::release_resident`] ran: per side, sorted lists of the rows that survive,
+    /// one per part matched (and one for the resident parts' added rows).
+    survivors: Option<[Vec<RowList>; 2]>,
     stats: CarryStats,
 }
 
@@ -174,14 +178,15 @@ impl CarryOver {
             sides: [side(), side()],
             resident,
             resident_rows: Vec::with_capacity(if parts == 1 { 0 } else { first }),
-            dead: None,
+            survivors: None,
             stats: CarryStats { parts, resident_parts: resident, ..Default::default() },
         }
     }
 
     /// With several parts: how many of them stay resident (see the module header). What the share must hold beside
-    /// them: both sides' bitmaps, the other parts' file buffers (two a part), and, once the resident parts are done,
-    /// a part's matcher — in the same memory. A resident added row costs its matcher entry and its number.
+    /// them: the other parts' file buffers (two a part), and, once the resident parts are done, a part's matcher and
+    /// the survivor lists' read buffers — in the same memory. A resident added row costs its matcher entry and its
+    /// number.
     fn resident_for(added_upper: u64, share: u64, parts: u64) -> u64 {
         // the largest r that fits (a resident part costs more than the file buffers it saves)
         let (mut lo, mut hi) = (0, parts - 1);
@@ -202,28 +207,26 @@ impl CarryOver {
         if per_part * r >= MAX_MATCHER_ROWS {
             return false;
         }
-        let bitmaps = added_upper.div_ceil(8) * 2;
         let resident_bytes = Matcher::bytes_for(per_part * r) + per_part * r * 4;
-        let part_bytes = Matcher::bytes_for(per_part) + per_part * 4;
-        resident_bytes.max(part_bytes) + bitmaps + (parts - r) * 2 * FP_BUFFER as u64 <= share
+        let part_bytes = Matcher::bytes_for(per_part) + per_part * 4 + parts * LIST_BUFFER as u64;
+        resident_bytes.max(part_bytes) + (parts - r) * 2 * FP_BUFFER as u64 <= share
     }
 
     /// The parts a carry-over of these arguments to [`CarryOver::new`] uses: one whenever the added rows' matcher
     /// fits the share (the rows it leaves no room for spill, the removed side streams through). Else enough parts
-    /// that each part's matcher, with the two sides' bitmaps, fits the share, and more, up to [`PART_MATCHER_BYTES`]
+    /// that each part's matcher fits the share, and more, up to [`PART_MATCHER_BYTES`]
     /// a part, while the parts' file buffers take at most a quarter of the share: a part's lookups then mostly hit
     /// the cache (at 100 M rows, parts as large as the share spent 13 % of a sync in cache misses).
     ///
-    /// `None` when no plan fits: the two bitmaps (a bit per row of each side) fill the share — from about 4 rows per
-    /// byte of share — or the parts' file buffers would pass it by more than [`BUFFER_SLACK`]. The scan reports that
-    /// with the budget that would do ([`CarryOver::least_share`]) before it reads anything.
+    /// `None` when no plan fits: parts small enough for the share are so many that their file buffers would pass it
+    /// by more than [`BUFFER_SLACK`] (from about 14 rows a side per byte of share). The scan reports that with the
+    /// budget that would do ([`CarryOver::least_share`]) before it reads anything.
     pub(crate) fn parts_for(added_upper: u64, share: u64) -> Option<u64> {
         if Matcher::bytes_for(added_upper) <= share && added_upper < MAX_MATCHER_ROWS {
             return Some(1);
         }
-        // both sides' bitmaps (the removed side is about as large), and a part's matcher maps its rows back to their
-        // numbers (4 bytes a row)
-        let room = share.checked_sub(added_upper.div_ceil(8) * 2).filter(|r| *r > 0)?;
+        // a part's matcher maps its rows back to their numbers (4 bytes a row)
+        let room = share;
         let most = (share / 4 / (2 * FP_BUFFER as u64)).max(2);
         let rows = |parts: u64| added_upper.div_ceil(parts);
         let part_bytes = |parts: u64| Matcher::bytes_for(rows(parts)) + rows(parts) * 4;
@@ -232,8 +235,8 @@ impl CarryOver {
         let mut parts = (added_upper * 20 / room.min(PART_MATCHER_BYTES)).clamp(2, most); // a part holds more than 20 bytes a row
         while !fits(parts) {
             parts += 1;
-            // every further part adds two file buffers: past this, more parts only need more memory
-            if parts * 2 * FP_BUFFER as u64 > room + BUFFER_SLACK || parts > added_upper.max(2) {
+            // every further part adds two file buffers and a survivor list's: past this, more parts only need more memory
+            if parts * (2 * FP_BUFFER + LIST_BUFFER) as u64 > room + BUFFER_SLACK || parts > added_upper.max(2) {
                 return None;
             }
         }
@@ -316,10 +319,10 @@ impl CarryOver {
             }
             return Ok(Finished { stats: self.stats, matcher: self.matcher });
         }
-        // match part by part on fingerprints alone, marking the cancelled rows of both sides
-        self.release_resident();
+        // match part by part on fingerprints alone, listing the surviving rows of both sides
+        self.release_resident()?;
         let [removed, added] = std::mem::take(&mut self.sides);
-        let mut dead = self.dead.take().expect("release_resident marks the resident matches");
+        let mut lists = self.survivors.take().expect("release_resident starts the survivor lists");
         let mut numbers: Vec<u32> = Vec::with_capacity(self.rows_per_part);
         let resident = self.resident as usize;
         for (a, r) in added.parts.into_iter().zip(removed.parts).skip(resident) {
@@ -334,48 +337,70 @@ impl CarryOver {
                 })?;
             }
             if let Some(mut r) = r {
-                let (matcher, stats, dead_removed) = (&mut self.matcher, &mut self.stats, &mut dead[0]);
+                let mut list = RowList::create(&self.spill_dir)?;
+                let (matcher, stats) = (&mut self.matcher, &mut self.stats);
+                let mut failed = None;
                 r.for_each(|fps, rows| {
                     let (keep, cancelled) = matcher.cancel(fps);
                     stats.cancelled += cancelled;
-                    rows.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead_removed.set(*row));
+                    for (row, _) in rows.iter().zip(keep).filter(|(_, k)| *k) {
+                        if let Err(e) = list.push(*row) {
+                            failed.get_or_insert(e);
+                        }
+                    }
                 })?;
+                failed.map_or(Ok(()), Err)?;
+                lists[0].push(list);
             }
             let keep = self.matcher.survivors(numbers.len());
-            numbers.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead[1].set(*row));
+            let mut list = RowList::create(&self.spill_dir)?;
+            for (row, _) in numbers.iter().zip(keep).filter(|(_, k)| *k) {
+                list.push(*row)?;
+            }
+            lists[1].push(list);
         }
-        // then each side's rows once, in the order they were spilled
-        for (side, spill, dead) in [(Side::Removed, removed.rows, &dead[0]), (Side::Added, added.rows, &dead[1])] {
+        // then each side's rows once, in the order they were spilled, the survivors picked by merging the lists
+        let [removed_lists, added_lists] = lists;
+        for (side, spill, lists) in [(Side::Removed, removed.rows, removed_lists), (Side::Added, added.rows, added_lists)] {
+            let mut next = RowMerge::new(lists)?;
             let Some(mut spill) = spill else { continue };
-            let mut at = 0usize;
+            let mut at = 0u64;
             for b in spill.read(None)? {
                 let b = b?;
-                let keep = (at..at + b.num_rows()).map(|r| !dead.get(r)).collect();
-                at += b.num_rows();
+                let end = at + b.num_rows() as u64;
+                let mut keep = vec![false; b.num_rows()];
+                while let Some(row) = next.peek().filter(|r| (*r as u64) < end) {
+                    keep[(row as u64 - at) as usize] = true;
+                    next.advance()?;
+                }
+                at = end;
                 emit_masked(emit, side, &b, keep, &self.schema)?;
             }
-            self.stats.spilled_bytes += spill.bytes()?;
+            self.stats.spilled_bytes += spill.bytes()? + next.bytes;
         }
         Ok(Finished { stats: self.stats, matcher: self.matcher })
     }
 
-    /// Several parts, after the last removed row: marks the resident parts' matches and shrinks the matcher to one
-    /// part's size, so that from here on this group holds little memory (the other parts are matched from disk, a
-    /// part at a time). Nothing with one part (false: the group still holds its share until `finish` ends).
-    pub(crate) fn release_resident(&mut self) -> bool {
+    /// Several parts, after the last removed row: lists the resident parts' surviving added rows and shrinks the
+    /// matcher to one part's size, so that from here on this group holds little memory (the other parts are matched
+    /// from disk, a part at a time). Nothing with one part (false: the group still holds its share until `finish`
+    /// ends).
+    pub(crate) fn release_resident(&mut self) -> Result<bool> {
         if self.parts == 1 {
-            return false;
+            return Ok(false);
         }
-        if self.dead.is_some() {
-            return true;
+        if self.survivors.is_some() {
+            return Ok(true);
         }
-        let mut dead = [Bitmap::new(self.sides[0].count), Bitmap::new(self.sides[1].count)];
+        let mut list = RowList::create(&self.spill_dir)?;
         let keep = self.matcher.survivors(self.resident_rows.len());
-        self.resident_rows.iter().zip(keep).filter(|(_, k)| !k).for_each(|(row, _)| dead[1].set(*row));
+        for (row, _) in self.resident_rows.iter().zip(keep).filter(|(_, k)| *k) {
+            list.push(*row)?;
+        }
         self.resident_rows = Vec::new();
         self.matcher.shrink(self.rows_per_part);
-        self.dead = Some(dead);
-        true
+        self.survivors = Some([Vec::new(), vec![list]]);
+        Ok(true)
     }
 
     /// Emits the removed rows of `batch` that no added row cancels.
@@ -485,18 +510,76 @@ fn unseen_bytes(seen: &mut HashSet<usize>, batch: &RecordBatch) -> u64 {
     total
 }
 
-/// A bit per row of one side: the rows a removed/added match cancelled.
-struct Bitmap(Vec<u64>);
+/// Surviving row numbers of one side, ascending, as little-endian u32 in a local file (deleted when dropped). A
+/// part's survivors come in row order because its fingerprint files hold its rows in the order they arrived.
+struct RowList {
+    tmp: tempfile::NamedTempFile,
+    file: Option<std::io::BufWriter<File>>,
+    rows: u64,
+}
 
-impl Bitmap {
-    fn new(rows: u64) -> Self {
-        Bitmap(vec![0; rows.div_ceil(64) as usize])
+impl RowList {
+    fn create(dir: &Path) -> Result<Self> {
+        let tmp = tempfile::Builder::new().prefix("cdc-carry-rows-").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
+        let file = std::io::BufWriter::with_capacity(LIST_BUFFER, tmp.reopen().map_err(|e| spill_error(dir, e))?);
+        Ok(RowList { tmp, file: Some(file), rows: 0 })
     }
-    fn set(&mut self, row: u32) {
-        self.0[row as usize / 64] |= 1 << (row % 64);
+    fn push(&mut self, row: u32) -> Result<()> {
+        let f = self.file.as_mut().expect("rows listed before they are read");
+        f.write_all(&row.to_le_bytes()).map_err(|e| spill_error(self.tmp.path(), e))?;
+        self.rows += 1;
+        Ok(())
     }
-    fn get(&self, row: usize) -> bool {
-        self.0[row / 64] & (1 << (row % 64)) != 0
+}
+
+/// Bytes a survivor list buffers while written or read.
+const LIST_BUFFER: usize = 4 << 10;
+
+/// The rows of several ascending [`RowList`]s in one ascending sequence (a heap over the lists' heads; the lists
+/// are disjoint: every row is in one part).
+struct RowMerge {
+    readers: Vec<(BufReader<File>, u64, tempfile::NamedTempFile)>,
+    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u32, usize)>>,
+    /// Bytes the lists took on disk.
+    bytes: u64,
+}
+
+impl RowMerge {
+    fn new(lists: Vec<RowList>) -> Result<Self> {
+        let mut m = RowMerge { readers: Vec::new(), heads: Default::default(), bytes: 0 };
+        for mut l in lists.into_iter().filter(|l| l.rows > 0) {
+            let path = l.tmp.path().to_path_buf();
+            if let Some(f) = l.file.take() {
+                f.into_inner().map_err(|e| spill_error(&path, e.into_error()))?;
+            }
+            m.bytes += l.rows * 4;
+            let r = BufReader::with_capacity(LIST_BUFFER, File::open(&path).map_err(|e| spill_error(&path, e))?);
+            m.readers.push((r, l.rows, l.tmp));
+            let i = m.readers.len() - 1;
+            m.pull(i)?;
+        }
+        Ok(m)
+    }
+    /// Moves list `i`'s next row onto the heap.
+    fn pull(&mut self, i: usize) -> Result<()> {
+        let (r, left, tmp) = &mut self.readers[i];
+        if *left == 0 {
+            return Ok(());
+        }
+        let mut b = [0u8; 4];
+        r.read_exact(&mut b).map_err(|e| spill_error(tmp.path(), e))?;
+        *left -= 1;
+        self.heads.push(std::cmp::Reverse((u32::from_le_bytes(b), i)));
+        Ok(())
+    }
+    fn peek(&self) -> Option<u32> {
+        self.heads.peek().map(|h| h.0 .0)
+    }
+    fn advance(&mut self) -> Result<()> {
+        if let Some(std::cmp::Reverse((_, i))) = self.heads.pop() {
+            self.pull(i)?;
+        }
+        Ok(())
     }
 }
 
@@ -664,7 +747,7 @@ mod tests {
             c.remove(b, fps, &mut emit).unwrap();
         }
         // as the worker does when groups take turns: the resident matches marked and the matcher shrunk first
-        let (parts, released) = (c.parts, c.release_resident());
+        let (parts, released) = (c.parts, c.release_resident().unwrap());
         assert_eq!(released, parts > 1);
         let stats = c.finish(&mut emit).unwrap().stats;
         out.sort_by(|a, b| (a.1, a.0, &a.2).cmp(&(b.1, b.0, &b.2)));
@@ -694,26 +777,29 @@ mod tests {
         let parts = |share| CarryOver::parts_for(upper, share).unwrap();
         let frac = |share| CarryOver::resident_for(upper, share, parts(share)) as f64 / parts(share) as f64;
         assert!(frac(half) > 0.25 && frac(full) > 0.7 && frac(full) < 1.0, "{} {}", frac(half), frac(full));
-        // a share that only holds the bitmaps and buffers
+        // a share that only holds the parts' buffers
         assert_eq!(CarryOver::resident_for(upper, 4 << 20, parts(4 << 20)), 0);
     }
 
     /// A group too large for the share has no plan, found at once (not by counting parts up to its rows); the least
-    /// share that has one is close to what its bitmaps need, and a plan made with it fits it.
+    /// share that has one is what its parts need, and a plan made with it fits it. A billion rows plan within the
+    /// default budget's share: what a group needs no longer grows with its rows, only a part's matcher does.
     #[test]
     fn a_group_too_large_for_its_share_has_no_plan() {
         let share = 108u64 << 20;
-        for rows in [1_000_000_000u64, 6_000_000_000] {
+        assert!(CarryOver::parts_for(1_000_000_000, share).is_some_and(|p| p > 1));
+        for rows in [6_000_000_000u64, 20_000_000_000] {
             let t = std::time::Instant::now();
             assert_eq!(CarryOver::parts_for(rows, share), None, "{rows}");
             assert!(t.elapsed() < std::time::Duration::from_secs(1), "{rows}: {:?}", t.elapsed());
             let least = CarryOver::least_share(rows);
             let parts = CarryOver::parts_for(rows, least).expect("the least share has a plan");
-            // what the plan holds: both bitmaps, a part's matcher and numbers, the parts' file buffers
+            // what the plan holds: a part's matcher and numbers; its parts' file and list buffers, within the slack
             let per_part = rows.div_ceil(parts);
             assert!(per_part < MAX_MATCHER_ROWS);
-            assert!(rows.div_ceil(8) * 2 + Matcher::bytes_for(per_part) + per_part * 4 <= least, "{rows}: {parts} parts at {least}");
-            assert!(least < rows, "{rows}: {least} bytes is more than a byte a row");
+            assert!(Matcher::bytes_for(per_part) + per_part * 4 <= least, "{rows}: {parts} parts at {least}");
+            assert!(parts * (2 * FP_BUFFER + LIST_BUFFER) as u64 <= least + BUFFER_SLACK, "{rows}: {parts} parts at {least}");
+            assert!(least < rows / 10, "{rows}: {least} bytes");
         }
         // the 100 M-row case's groups (6.4 M added rows) still plan in parts, and a small group in one
         assert!(CarryOver::parts_for(6_375_000, share).is_some_and(|p| p > 1));

@@ -535,9 +535,9 @@ impl ChangelogScan<'_> {
         // share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
         // spilled: 15.8 → 13.3 GB), and hands it on as soon as its resident parts are matched; the next group then
         // reads and matches while this one matches its other parts from disk and streams its survivors, so both
-        // cores stay busy. The finishing group still holds a part's matcher, two bitmaps, its parts' file buffers
-        // and the batches it streams: a quarter of the share is left for that (with an eighth, peak RSS reached 394
-        // MB at 100 M rows, over budget + 128 MB).
+        // cores stay busy. The finishing group still holds a part's matcher, its survivor lists' buffers, its
+        // parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
+        // peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
         let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) != Some(1));
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
@@ -580,36 +580,16 @@ impl ChangelogScan<'_> {
     fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64) -> Result<()> {
         let added = added_upper(jobs);
         let removed: u64 = jobs.iter().filter(|j| j.can_remove()).map(|j| j.file.file.record_count()).sum();
-        let rows = added.max(removed);
-        let what = || {
-            format!(
-                "snapshot {} of `{}` rewrites {rows} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
+        let rows = GroupRowsBound { added, removed };
+        group_fits(rows, share, self.opts.memory_budget).map_err(|fix| Error::TooLarge {
+            what: format!(
+                "snapshot {} of `{}` rewrites {} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
                 snapshot.snapshot_id(),
-                self.table.identifier()
-            )
-        };
-        let plan = CarryOver::parts_for(added, share);
-        if rows >= MAX_MATCHER_ROWS && plan != Some(1) {
-            return Err(Error::TooLarge {
-                what: what(),
-                fix: format!("carry-over matches at most {} rows a side in one partition; partition the table (e.g. by bucket(N, key)) so that a rewrite touches smaller partitions", MAX_MATCHER_ROWS),
-            });
-        }
-        if plan.is_none() {
-            // the share is a fixed part of the budget: scale the least share that has a plan back to a budget
-            let budget = self.opts.memory_budget;
-            let needed = (CarryOver::least_share(added) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
-            let mib = |b: u128| b.div_ceil(1 << 20);
-            return Err(Error::TooLarge {
-                what: what(),
-                fix: format!(
-                    "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
-                    mib(needed),
-                    mib(budget as u128)
-                ),
-            });
-        }
-        Ok(())
+                self.table.identifier(),
+                added.max(removed)
+            ),
+            fix,
+        })
     }
 
     /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
@@ -652,7 +632,7 @@ impl ChangelogScan<'_> {
                 let rows = match msg {
                     GroupRows::Rows(rows) => rows,
                     GroupRows::Done => {
-                        if carry.release_resident() {
+                        if carry.release_resident()? {
                             // what is left of this group fits in little memory: the next group may start
                             drop(permit.take());
                         }
@@ -994,6 +974,35 @@ impl Survivors {
     }
 }
 
+/// Upper bounds on the rows one carry-over group adds and removes (manifest record counts).
+#[derive(Clone, Copy)]
+struct GroupRowsBound {
+    added: u64,
+    removed: u64,
+}
+
+/// Whether carry-over can match a group of `rows` with `share` bytes of a `budget`: rows a side within what it numbers,
+/// and a plan that fits ([`CarryOver::parts_for`]). Else what to do about it: the budget that would do (the share
+/// is a fixed part of the budget, so the least share with a plan is scaled back), or partitioning the table.
+fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Result<(), String> {
+    let plan = CarryOver::parts_for(rows.added, share);
+    if rows.added.max(rows.removed) >= MAX_MATCHER_ROWS && plan != Some(1) {
+        return Err(format!(
+            "carry-over matches at most {MAX_MATCHER_ROWS} rows a side in one partition; partition the table (e.g. by bucket(N, key)) so that a rewrite touches smaller partitions"
+        ));
+    }
+    if plan.is_none() {
+        let needed = (CarryOver::least_share(rows.added) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
+        let mib = |b: u128| b.div_ceil(1 << 20);
+        return Err(format!(
+            "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
+            mib(needed),
+            mib(budget as u128)
+        ));
+    }
+    Ok(())
+}
+
 /// An upper bound on the rows a group's files add (manifest record counts of the files that can add rows).
 fn added_upper(jobs: &[FileJob]) -> u64 {
     jobs.iter().filter(|j| j.can_add()).map(|j| j.file.file.record_count()).sum()
@@ -1185,5 +1194,32 @@ impl States<'_> {
             }
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group too large for its share is refused with the budget that does, and that budget's share has a plan; a
+    /// side beyond 32-bit row numbers is refused with the advice to partition; ordinary groups pass.
+    #[test]
+    fn a_group_that_does_not_fit_says_what_would() {
+        let rows = |added, removed| GroupRowsBound { added, removed };
+        let budget = 256u64 << 20;
+        let share = share_of(budget, CARRY_SHARE);
+        assert_eq!(group_fits(rows(100_000, 100_000), share, budget), Ok(()));
+        assert_eq!(group_fits(rows(1_000_000_000, 1_000_000_000), share, budget), Ok(()));
+        let too_many = group_fits(rows(1_000_000_000, 5_000_000_000), share, budget).unwrap_err();
+        assert!(too_many.contains("partition the table"), "{too_many}");
+        // at the 1 MiB minimum, 20 M rows in one group: no plan; the budget named has one
+        let (budget, n) = (1u64 << 20, 20_000_000);
+        let share = share_of(budget, CARRY_SHARE);
+        let fix = group_fits(rows(n, n), share, budget).unwrap_err();
+        let mib: u64 = fix.split("memory_budget = \"").nth(1).and_then(|r| r.split("MiB").next()).and_then(|m| m.parse().ok()).expect(&fix);
+        assert!(mib > 1 && fix.contains("it is 1 MiB"), "{fix}");
+        let enough = mib << 20;
+        assert_eq!(group_fits(rows(n, n), share_of(enough, CARRY_SHARE), enough), Ok(()));
+        assert!(group_fits(rows(n, n), share_of(enough - (1 << 20), CARRY_SHARE), enough - (1 << 20)).is_err(), "{mib} MiB is not the least");
     }
 }
