@@ -384,6 +384,7 @@ pub async fn run_once(
             pending.extend(chunk.snapshots.iter().cloned());
             sink.begin(&info, &chunk).await?;
             scan.set_output(&chunk.schema)?;
+            scan.set_removed_columns(sink.removed_columns());
             let scanned: Result<()> = async {
                 let mut rows = SinkRows(&mut *sink);
                 let mut add = |st: SnapshotStats| {

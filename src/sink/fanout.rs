@@ -53,6 +53,16 @@ impl Sink for FanOut<'_> {
         self.sinks.iter().any(|s| s.needs_key_order())
     }
 
+    fn removed_columns(&self) -> Option<Vec<i32>> {
+        let mut ids = Vec::new();
+        for s in &self.sinks {
+            ids.extend(s.removed_columns()?);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
+    }
+
     fn recorded<'b>(&'b mut self, source: &'b SourceInfo) -> BoxFuture<'b, Result<Option<i64>>> {
         async move {
             let mut all = Vec::new();

@@ -122,6 +122,13 @@ pub trait Sink: Send {
     fn needs_key_order(&self) -> bool {
         true
     }
+    /// The columns of removed rows (`DELETE`, `UPDATE_BEFORE`) the open commit reads, as source field ids besides
+    /// the key; `None`: all of them. The scan may then carry removed rows with only these columns, the others
+    /// as placeholders (zero values): a copy-on-write rewrite's removed side then holds and
+    /// spills a fraction of each row.
+    fn removed_columns(&self) -> Option<Vec<i32>> {
+        None
+    }
     /// Change rows of the open commit, in order.
     fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>>;
     /// Commits the open commit with its progress. `stop`: a shutdown request abandons it before the final call.

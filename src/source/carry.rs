@@ -37,6 +37,12 @@
 //!
 //! [`Matcher::bytes_for`] says what the matcher of a part holds; a part also maps its matcher's rows back to their
 //! numbers (4 bytes a row).
+//!
+//! The sides are roles: the one taken whole first is called added here, the one that streams through removed.
+//! Matching is a multiset difference, so a caller may give the removed rows first — when a sink reads only their
+//! key and partition columns, they are a fraction of a row to hold or spill ([`super::slim`],
+//! [`CarryOver::with_first_schema`]) and the whole rows that stream through are decided as they arrive — and swap
+//! the sides of what is emitted back.
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -105,7 +111,9 @@ pub(crate) type Emit<'a> = dyn FnMut(Side, RecordBatch) -> Result<()> + 'a;
 
 /// Carry-over cancellation for one group of files; see the module header for the protocol.
 pub(crate) struct CarryOver {
-    schema: SchemaRef,
+    /// The schema of each side's rows (indexed by [`Side`]); the same unless the first side is slim
+    /// ([`CarryOver::with_first_schema`]).
+    schemas: [SchemaRef; 2],
     spill_dir: PathBuf,
     parts: u64,
     /// Added rows a part is sized for (all of them with one part).
@@ -158,7 +166,7 @@ impl CarryOver {
         // several parts: the matcher holds the resident parts first; each other part's is sized when it is handled
         let first = if parts == 1 { rows_per_part } else { rows_per_part * resident as usize };
         CarryOver {
-            schema,
+            schemas: [schema.clone(), schema],
             spill_dir: spill_dir.to_path_buf(),
             parts,
             rows_per_part,
@@ -181,6 +189,13 @@ impl CarryOver {
             survivors: None,
             stats: CarryStats { parts, resident_parts: resident, ..Default::default() },
         }
+    }
+
+    /// The rows that come first (the ones [`CarryOver::add`] takes) are in `schema` (slim removed rows, see
+    /// [`super::slim`]; the caller then adds the removed rows first and swaps the sides of what is emitted).
+    pub(crate) fn with_first_schema(mut self, schema: SchemaRef) -> Self {
+        self.schemas[Side::Added as usize] = schema;
+        self
     }
 
     /// With several parts: how many of them stay resident (see the module header). What the share must hold beside
@@ -277,7 +292,7 @@ impl CarryOver {
         }
         let spill = match &mut self.added_overflow {
             Some(s) => s,
-            None => self.added_overflow.insert(Spill::create(&self.spill_dir, &self.schema)?),
+            None => self.added_overflow.insert(Spill::create(&self.spill_dir, &self.schemas[Side::Added as usize])?),
         };
         spill.write(&batch)
     }
@@ -297,7 +312,7 @@ impl CarryOver {
         self.stats.cancelled += cancelled;
         let mut keep = keep.into_iter();
         let emitted: Vec<bool> = resident.iter().map(|r| *r && keep.next().expect("a decision per resident row")).collect();
-        emit_masked(emit, Side::Removed, &batch, emitted, &self.schema)?;
+        emit_masked(emit, Side::Removed, &batch, emitted, &self.schemas[Side::Removed as usize])?;
         if resident.iter().all(|r| *r) {
             return Ok(());
         }
@@ -312,7 +327,7 @@ impl CarryOver {
         if self.parts == 1 {
             for batch in std::mem::take(&mut self.kept) {
                 let keep = self.matcher.survivors(batch.num_rows());
-                emit_masked(emit, Side::Added, &batch, keep, &self.schema)?;
+                emit_masked(emit, Side::Added, &batch, keep, &self.schemas[Side::Added as usize])?;
             }
             if let Some(spill) = self.added_overflow.take() {
                 self.drain(spill, emit)?;
@@ -374,7 +389,7 @@ impl CarryOver {
                     next.advance()?;
                 }
                 at = end;
-                emit_masked(emit, side, &b, keep, &self.schema)?;
+                emit_masked(emit, side, &b, keep, &self.schemas[side as usize])?;
             }
             self.stats.spilled_bytes += spill.bytes()? + next.bytes;
         }
@@ -407,7 +422,7 @@ impl CarryOver {
     fn cancel(&mut self, batch: &RecordBatch, fps: &[u128], emit: &mut Emit<'_>) -> Result<()> {
         let (keep, cancelled) = self.matcher.cancel(fps);
         self.stats.cancelled += cancelled;
-        emit_masked(emit, Side::Removed, batch, keep, &self.schema)
+        emit_masked(emit, Side::Removed, batch, keep, &self.schemas[Side::Removed as usize])
     }
 
     /// Streams the added rows that overflowed to disk back (in the order they were added, which is how the matcher
@@ -416,7 +431,7 @@ impl CarryOver {
         for b in spill.read(None)? {
             let b = b?;
             let keep = self.matcher.survivors(b.num_rows());
-            emit_masked(emit, Side::Added, &b, keep, &self.schema)?;
+            emit_masked(emit, Side::Added, &b, keep, &self.schemas[Side::Added as usize])?;
         }
         self.stats.spilled_bytes += spill.bytes()?;
         Ok(())
@@ -429,7 +444,7 @@ impl CarryOver {
         let s = &mut self.sides[side as usize];
         let rows = match &mut s.rows {
             Some(r) => r,
-            None => s.rows.insert(Spill::create(&dir, &self.schema)?),
+            None => s.rows.insert(Spill::create(&dir, &self.schemas[side as usize])?),
         };
         rows.write(batch)?;
         let first = s.count;
@@ -756,6 +771,47 @@ mod tests {
         (out, stats)
     }
 
+    /// [`run_planned`] the way a sink that reads only the key of removed rows has it ([`crate::source::slim`]): the
+    /// removed rows first, held without their value, the added rows streaming through, the emitted sides swapped
+    /// back and the removed rows given a placeholder (an empty string here) for what they were not carried with.
+    fn run_slim(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64, plan: Option<(u64, u64)>) -> (Vec<(Side, i64, String)>, CarryStats) {
+        let slim = crate::source::slim::Slim::new(&schema(), &[0], &[]).expect("the value is dropped");
+        let dir = tempfile::tempdir().unwrap();
+        let fp = Fingerprinter::new(&schema()).unwrap();
+        let upper = removed.len() as u64;
+        let c = match plan {
+            None => CarryOver::new(schema(), upper, share, dir.path(), None).unwrap(),
+            Some((parts, resident)) => CarryOver::with_parts(schema(), upper, share, dir.path(), None, parts, resident),
+        };
+        let mut c = c.with_first_schema(slim.schema().clone());
+        let mut out = Vec::new();
+        let mut emit = |side: Side, b: RecordBatch| -> Result<()> {
+            let (side, b) = match side {
+                Side::Added => (Side::Removed, slim.expand(&b)?),
+                Side::Removed => (Side::Added, b),
+            };
+            let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let vs = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            out.extend((0..b.num_rows()).map(|i| (side, ids.value(i), if vs.is_null(i) { "<null>".to_string() } else { vs.value(i).to_string() })));
+            Ok(())
+        };
+        for chunk in removed.chunks(100) {
+            let b = batch(chunk);
+            let fps = fp.fingerprints(&b).unwrap();
+            c.add(slim.slim(&b).unwrap(), fps).unwrap();
+        }
+        for chunk in added.chunks(100) {
+            let b = batch(chunk);
+            let fps = fp.fingerprints(&b).unwrap();
+            c.remove(b, fps, &mut emit).unwrap();
+        }
+        c.release_resident().unwrap();
+        let stats = c.finish(&mut emit).unwrap().stats;
+        out.sort_by(|a, b| (a.1, a.0, &a.2).cmp(&(b.1, b.0, &b.2)));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        (out, stats)
+    }
+
     fn run(removed: &[(i64, &str)], added: &[(i64, &str)], share: u64) -> (Vec<(Side, i64, String)>, CarryStats) {
         run_with(removed, added, share, (false, false))
     }
@@ -853,6 +909,25 @@ mod tests {
             assert_eq!(got, expected, "{parts} parts, {resident} resident");
             assert_eq!((st.cancelled, st.resident_parts), (3000 - 300 - 60, resident));
             assert!(st.spilled_bytes < none.spilled_bytes, "{parts}/{resident}: {} vs {}", st.spilled_bytes, none.spilled_bytes);
+        }
+        // slim removed rows taken first: the same pairs cancel and the same rows survive, the removed ones without
+        // their value; what is held or spilled is a fraction of the rows (in memory: nothing overflows where whole
+        // added rows did)
+        let slim_expected: Vec<_> =
+            expected.iter().map(|(side, id, v)| (*side, *id, if *side == Side::Removed { String::new() } else { v.clone() })).collect();
+        let overflowing = 2 * Matcher::bytes_for(3100);
+        for (share, plan) in [(64 << 20, None), (overflowing, None), (Matcher::bytes_for(500), None), (0, Some((8, 3))), (0, Some((8, 0)))] {
+            let (got, st) = run_slim(&removed, &added, share, plan);
+            assert_eq!(got, slim_expected, "{share} {plan:?}");
+            assert_eq!(st.cancelled, 3000 - 300 - 60);
+            let whole = match plan {
+                None => run(&removed, &added, share).1,
+                Some(p) => run_planned(&removed, &added, 0, (false, false), Some(p)).1,
+            };
+            assert!(st.spilled_bytes < whole.spilled_bytes || whole.spilled_bytes == 0, "{share} {plan:?}: {st:?} vs {whole:?}");
+            if share == overflowing {
+                assert_eq!(st.spilled_bytes, 0, "slim removed rows fit beside the matcher");
+            }
         }
         // strings read as views on either side: the same pairs cancel and survivors leave as plain strings (the emit
         // above downcasts to StringArray), in memory, overflowing and in parts

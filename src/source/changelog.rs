@@ -31,6 +31,7 @@ use crate::source::files::{self, FileEntry};
 use crate::source::fingerprint::Fingerprinter;
 use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
+use crate::source::slim::Slim;
 use crate::spec::lineage;
 
 /// How a scan divides `engine.memory_budget` (numerator, denominator). The parts run at the same time — readers hold
@@ -208,6 +209,9 @@ pub struct ChangelogScan<'a> {
     gate: reader::ReadGate,
     /// Matcher tables handed from one carry-over group to the next (of one snapshot).
     matchers: Arc<std::sync::Mutex<Vec<crate::source::matcher::Matcher>>>,
+    /// What the sink reads of removed rows besides the key (source field ids; `None`: everything), see
+    /// [`ChangelogScan::set_removed_columns`].
+    removed_columns: Option<Vec<i32>>,
 }
 
 impl<'a> ChangelogScan<'a> {
@@ -222,7 +226,15 @@ impl<'a> ChangelogScan<'a> {
             cache: Default::default(),
             gate,
             matchers: Default::default(),
+            removed_columns: None,
         })
+    }
+
+    /// The columns the sink reads of removed rows besides the key, as source field ids (`None`, the default: all
+    /// of them; [`crate::sink::Sink::removed_columns`]). A partition-aligned copy-on-write rewrite netted group by
+    /// group then carries its removed rows with only these columns ([`super::slim`]).
+    pub fn set_removed_columns(&mut self, ids: Option<Vec<i32>>) {
+        self.removed_columns = ids;
     }
 
     /// Changes the schema change rows are written in (a sync reads each commit's snapshots in the schema of its
@@ -296,7 +308,8 @@ impl<'a> ChangelogScan<'a> {
             // Every row of a key is in one partition: each group nets its own survivors and hands them on as it
             // finishes, so the sink writes while other groups still match, and no snapshot-wide sort is needed.
             tracing::debug!(snapshot = snapshot.snapshot_id(), "netting by partition group: every row of a key is in one partition");
-            let net = GroupNet::Own { data_schema: data_schema.clone(), key_idx, budget: netting_budget, tx };
+            let slim = self.removed_columns.as_ref().and_then(|ids| Slim::new(&data_schema, &key_idx, ids)).map(Arc::new);
+            let net = GroupNet::Own { data_schema: data_schema.clone(), key_idx, budget: netting_budget, tx, slim };
             let pushing = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net);
             let (pushed, counts) = futures::future::try_join(pushing, self.deliver(rx, commit, sink)).await?;
             (stats.files_read, stats.rows_read, stats.bytes_read) = pushed.totals;
@@ -538,19 +551,22 @@ impl ChangelogScan<'_> {
         // cores stay busy. The finishing group still holds a part's matcher, its survivor lists' buffers, its
         // parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
         // peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
-        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(added_upper(g), carry_share / k as u64) != Some(1));
+        let first = net.first_side();
+        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(first_upper(g, first), carry_share / k as u64) != Some(1));
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
         // a group no plan fits stops the scan before anything is read, saying what would do
         for g in &groups {
-            self.check_group_fits(snapshot, g, share)?;
+            self.check_group_fits(snapshot, g, share, first)?;
         }
         let turns = solo.then(|| Arc::new(tokio::sync::Semaphore::new(1)));
         let reads = (self.opts.concurrency / k).max(1);
         let read = ReadSpec { schema, schema_id, fingerprint: true, views: false };
         // a netter per group shares the netting budget like the groups share theirs
         let net = match net {
-            GroupNet::Own { data_schema, key_idx, budget, tx } => GroupNet::Own { data_schema, key_idx, budget: (budget / k as u64).max(1), tx },
+            GroupNet::Own { data_schema, key_idx, budget, tx, slim } => {
+                GroupNet::Own { data_schema, key_idx, budget: (budget / k as u64).max(1), tx, slim }
+            }
             shared => shared,
         };
         let done: Vec<GroupDone> = futures::stream::iter(
@@ -577,10 +593,13 @@ impl ChangelogScan<'_> {
     /// Whether carry-over can match group `jobs` with `share` bytes: rows a side within what it numbers, and a plan
     /// that fits ([`CarryOver::parts_for`]). Else the error says which budget would do, or that the partition is too
     /// large for one rewrite.
-    fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64) -> Result<()> {
-        let added = added_upper(jobs);
-        let removed: u64 = jobs.iter().filter(|j| j.can_remove()).map(|j| j.file.file.record_count()).sum();
-        let rows = GroupRowsBound { added, removed };
+    fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64, first: Side) -> Result<()> {
+        let (added, removed) = (first_upper(jobs, Side::Added), first_upper(jobs, Side::Removed));
+        // the side carry-over matches first is the one its plan is sized by
+        let rows = match first {
+            Side::Added => GroupRowsBound { added, removed },
+            Side::Removed => GroupRowsBound { added: removed, removed: added },
+        };
         group_fits(rows, share, self.opts.memory_budget).map_err(|fix| Error::TooLarge {
             what: format!(
                 "snapshot {} of `{}` rewrites {} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
@@ -593,7 +612,10 @@ impl ChangelogScan<'_> {
     }
 
     /// Carry-over cancellation of one group of files, each read once: the files that gain rows, then those that
-    /// lose rows; survivors go to the netter.
+    /// lose rows; survivors go to the netter. When the group nets on its own and the sink reads only some columns
+    /// of removed rows (`GroupNet::slim`), the other way round: the removed rows first, held with those columns
+    /// only, then the added rows, decided as they stream through — at 10 M rows nothing is spilled, at 100 M the
+    /// side spilled whole is a key column instead of whole rows.
     ///
     /// Matching is CPU work of its own (a third of a sync at 10 M rows, most of it cache misses): it runs in a task
     /// per group, fed through a small channel, so that two groups match on two workers beside their files' decoding.
@@ -612,12 +634,23 @@ impl ChangelogScan<'_> {
             Some(t) => Some(t.acquire_owned().await.map_err(|_| Error::Internal("carry-over turns were closed".into()))?),
             None => None,
         };
-        let adders: Vec<FileJob> = jobs.iter().filter(|j| j.can_add()).cloned().collect();
-        let removers: Vec<FileJob> = jobs.into_iter().filter(|j| j.can_remove()).collect();
-        let added_upper = added_upper(&adders);
+        // carry-over takes one side whole before the other streams through: the added rows, or, when removed rows
+        // are slim (see `super::slim`), the removed ones — then the sides of what it emits are swapped back
+        let first = net.first_side();
+        let (slim, is_slim) = (net.slim(), net.slim().is_some());
+        let first_upper = first_upper(&jobs, first);
+        let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
+        for j in jobs {
+            if j.can_add() {
+                (if first == Side::Added { &mut firsts } else { &mut seconds }).push(j.clone());
+            }
+            if j.can_remove() {
+                (if first == Side::Removed { &mut firsts } else { &mut seconds }).push(j);
+            }
+        }
         // a group held in memory drops most rows it reads: its strings are read as views and only the survivors
         // converted back; a group in parts spills every row, converted first, so views would only add a copy
-        let read = &ReadSpec { views: CarryOver::parts_for(added_upper, share) == Some(1), ..*read };
+        let read = &ReadSpec { views: CarryOver::parts_for(first_upper, share) == Some(1), ..*read };
         let (schema, spill_dir) = (read.schema.clone(), self.opts.spill_dir.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel::<GroupRows>(2);
         let (net, pool) = (net.clone(), self.matchers.clone());
@@ -625,9 +658,19 @@ impl ChangelogScan<'_> {
         let worker = tokio::spawn(async move {
             // built here, on the worker: its entries are written where the rows are matched
             let recycled = pool.lock().ok().and_then(|mut p| p.pop());
-            let mut carry = CarryOver::new(schema, added_upper, share, &spill_dir, recycled)?;
+            let mut carry = CarryOver::new(schema, first_upper, share, &spill_dir, recycled)?;
+            if let Some(s) = &slim {
+                carry = carry.with_first_schema(s.schema().clone());
+            }
             let mut survivors = Survivors::new(net, &spill_dir)?;
-            let mut emit = |side: Side, b: RecordBatch| survivors.push(side, b);
+            let mut emit = |side: Side, b: RecordBatch| match &slim {
+                None => survivors.push(side, b),
+                // carry-over's first side holds the slim removed rows: swap the sides back, give them the full schema
+                Some(s) => match side {
+                    Side::Added => survivors.push(Side::Removed, s.expand(&b)?),
+                    Side::Removed => survivors.push(Side::Added, b),
+                },
+            };
             while let Some(msg) = rx.recv().await {
                 let rows = match msg {
                     GroupRows::Rows(rows) => rows,
@@ -645,19 +688,29 @@ impl ChangelogScan<'_> {
                         return Ok(survivors.finish().await?.map(|netted| (stats, netted)));
                     }
                 };
-                match rows.side {
-                    Side::Added => carry.add(rows.batch, rows.fps.unwrap_or_default())?,
-                    Side::Removed => carry.remove(rows.batch, rows.fps.unwrap_or_default(), &mut emit)?,
+                let fps = rows.fps.unwrap_or_default();
+                if rows.side != first {
+                    carry.remove(rows.batch, fps, &mut emit)?;
+                    continue;
+                }
+                match &slim {
+                    // fingerprinted whole, held without the columns the sink does not read
+                    Some(s) => carry.add(s.slim(&rows.batch)?, fps)?,
+                    None => carry.add(rows.batch, fps)?,
                 }
             }
             Ok::<_, Error>(None)
         });
         let send = async |msg: GroupRows| tx.send(msg).await.map_err(|_| Error::Internal("the carry-over worker stopped".into()));
-        // every added row before the first removed one: the carry-over protocol
+        // every row of the first side before the first of the other: the carry-over protocol
         let feed = async |want: Side, rows: FileRows| if rows.side == want { send(GroupRows::Rows(rows)).await } else { Ok(()) };
+        let second = match first {
+            Side::Added => Side::Removed,
+            Side::Removed => Side::Added,
+        };
         let fed = async {
-            let a = self.push_rows(snapshot, adders, read, concurrency, async |rows| feed(Side::Added, rows).await).await?;
-            let r = self.push_rows(snapshot, removers, read, concurrency, async |rows| feed(Side::Removed, rows).await).await?;
+            let a = self.push_rows(snapshot, firsts, read, concurrency, async |rows| feed(first, rows).await).await?;
+            let r = self.push_rows(snapshot, seconds, read, concurrency, async |rows| feed(second, rows).await).await?;
             send(GroupRows::Done).await?;
             Ok::<_, Error>((a, r))
         }
@@ -671,7 +724,8 @@ impl ChangelogScan<'_> {
             (Ok((a, r)), Ok(Some((stats, net)))) => (a, r, stats, net),
         };
         tracing::debug!(
-            added_upper,
+            first_upper,
+            slim = is_slim,
             share,
             parts = stats.parts,
             resident = stats.resident_parts,
@@ -934,7 +988,27 @@ enum GroupNet {
     Shared(Arc<std::sync::Mutex<Netter>>),
     /// Into a netter of the group's own, whose netted rows go to `tx` when the group is done (partition-aligned
     /// groups; see `ScanOptions::key_order`).
-    Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch> },
+    /// `slim`: removed rows carry only what the sink reads of them (see `super::slim`).
+    Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch>, slim: Option<Arc<Slim>> },
+}
+
+impl GroupNet {
+    fn slim(&self) -> Option<Arc<Slim>> {
+        match self {
+            GroupNet::Own { slim, .. } => slim.clone(),
+            GroupNet::Shared(_) => None,
+        }
+    }
+
+    /// The side carry-over takes whole first: the removed rows when they are slim (a fraction of a row to hold or
+    /// spill), else the added rows.
+    fn first_side(&self) -> Side {
+        if self.slim().is_some() {
+            Side::Removed
+        } else {
+            Side::Added
+        }
+    }
 }
 
 /// A group's survivors on their way, in the group's worker: made from its [`GroupNet`].
@@ -947,7 +1021,11 @@ impl Survivors {
     fn new(net: GroupNet, spill_dir: &std::path::Path) -> Result<Self> {
         Ok(match net {
             GroupNet::Shared(n) => Survivors::Shared(n),
-            GroupNet::Own { data_schema, key_idx, budget, tx } => Survivors::Own(Box::new(Netter::new(data_schema, key_idx, budget, spill_dir)?), tx),
+            GroupNet::Own { data_schema, key_idx, budget, tx, slim } => {
+                let netter = Netter::new(data_schema, key_idx, budget, spill_dir)?;
+                // slim removed rows hold placeholders; carry-over has cancelled every identical pair already
+                Survivors::Own(Box::new(if slim.is_some() { netter.without_cancelling() } else { netter }), tx)
+            }
         })
     }
 
@@ -1003,9 +1081,9 @@ fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Res
     Ok(())
 }
 
-/// An upper bound on the rows a group's files add (manifest record counts of the files that can add rows).
-fn added_upper(jobs: &[FileJob]) -> u64 {
-    jobs.iter().filter(|j| j.can_add()).map(|j| j.file.file.record_count()).sum()
+/// An upper bound on the rows a group's files add or remove (manifest record counts of the files that can).
+fn first_upper(jobs: &[FileJob], side: Side) -> u64 {
+    jobs.iter().filter(|j| if side == Side::Added { j.can_add() } else { j.can_remove() }).map(|j| j.file.file.record_count()).sum()
 }
 
 /// What one carry-over group may use: bytes of memory, concurrent file reads, and, when groups take turns with

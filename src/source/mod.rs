@@ -7,3 +7,4 @@ pub(crate) mod fingerprint;
 pub(crate) mod matcher;
 pub mod net;
 pub mod reader;
+pub(crate) mod slim;

@@ -74,6 +74,8 @@ pub struct Netter {
     buffered: u64,
     runs: Vec<Run>,
     stats: NetStats,
+    /// Whether identical removed and added rows cancel (see [`Netter::without_cancelling`]).
+    cancel: bool,
 }
 
 enum Run {
@@ -104,7 +106,16 @@ impl Netter {
             buffered: 0,
             runs: Vec::new(),
             stats: NetStats::default(),
+            cancel: true,
         })
+    }
+
+    /// Rows whose identical pairs carry-over has cancelled already, and whose removed rows may hold placeholders
+    /// ([`super::slim`]): a placeholder could equal a real added row's values, so nothing cancels here — a removed
+    /// and an added row of one key always pair up as an update.
+    pub(crate) fn without_cancelling(mut self) -> Self {
+        self.cancel = false;
+        self
     }
 
     pub fn push(&mut self, side: Side, batch: RecordBatch) -> Result<()> {
@@ -287,7 +298,7 @@ impl Merge {
             };
             let mut ready = None;
             if starts_new_key {
-                net_group(group, cursors, out);
+                net_group(group, cursors, out, self.netter.cancel);
                 group.clear();
                 // Flush at key boundaries, also when carry-over cancels most rows and old batches pile up.
                 if out.picks.len() >= BATCH_SIZE || cursors.iter().any(|c| c.arena.len() > 4) {
@@ -307,7 +318,7 @@ impl Merge {
                 return Ok(ready);
             }
         }
-        net_group(group, cursors, out);
+        net_group(group, cursors, out, self.netter.cancel);
         group.clear();
         self.done = true;
         if out.picks.is_empty() {
@@ -567,7 +578,7 @@ impl Output {
 }
 
 /// Nets one key's rows (sorted by whole row, removed before added).
-fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output) {
+fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, cancel: bool) {
     if group.is_empty() {
         return;
     }
@@ -583,9 +594,9 @@ fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output) {
         let run = &group[i..j];
         let r = run.iter().filter(|p| side(p) == Side::Removed as i8).count();
         let a = run.len() - r;
-        let cancel = r.min(a);
-        removed.extend_from_slice(&run[cancel..r]);
-        added.extend_from_slice(&run[r + cancel..]);
+        let cancelled = if cancel { r.min(a) } else { 0 };
+        removed.extend_from_slice(&run[cancelled..r]);
+        added.extend_from_slice(&run[r + cancelled..]);
         i = j;
     }
     let pairs = removed.len().min(added.len());
@@ -621,8 +632,19 @@ mod tests {
         .unwrap()
     }
     fn run(key: Vec<usize>, budget: u64, removed: &[(i64, &str)], added: &[(i64, &str)]) -> (Vec<(i64, String, String)>, NetStats) {
+        run_netter(key, budget, true, removed, added)
+    }
+
+    fn run_netter(
+        key: Vec<usize>,
+        budget: u64,
+        cancel: bool,
+        removed: &[(i64, &str)],
+        added: &[(i64, &str)],
+    ) -> (Vec<(i64, String, String)>, NetStats) {
         let dir = tempfile::tempdir().unwrap();
-        let mut n = Netter::new(schema(), key, budget, dir.path()).unwrap();
+        let n = Netter::new(schema(), key, budget, dir.path()).unwrap();
+        let mut n = if cancel { n } else { n.without_cancelling() };
         for chunk in removed.chunks(7) {
             n.push(Side::Removed, batch(chunk)).unwrap();
         }
@@ -670,6 +692,26 @@ mod tests {
         let (rows, _) = run(vec![1], 1 << 30, &removed, &added);
         let got: Vec<(i64, &str, &str)> = rows.iter().map(|(i, v, t)| (*i, v.as_str(), t.as_str())).collect();
         assert_eq!(got, vec![(4, "x", "DELETE"), (6, "xx", "INSERT"), (1, &l1, "UPDATE_BEFORE"), (9, &l1, "UPDATE_AFTER"), (5, &l2, "DELETE")]);
+    }
+
+    /// Rows carry-over has matched already, removed ones possibly with placeholders: a removed row whose
+    /// placeholder equals the added row of its key is still an update (here: `b` → `""`, held as `""`), in memory
+    /// and through spilled runs.
+    #[test]
+    fn without_cancelling_identical_rows_of_a_key_are_an_update() {
+        for budget in [1 << 30, 256] {
+            let (rows, _) = run_netter(vec![0], budget, false, &[(2, ""), (3, "c")], &[(2, ""), (4, "d")]);
+            assert_eq!(
+                rows,
+                vec![
+                    (2, "".into(), "UPDATE_BEFORE".into()),
+                    (2, "".into(), "UPDATE_AFTER".into()),
+                    (3, "c".into(), "DELETE".into()),
+                    (4, "d".into(), "INSERT".into()),
+                ],
+                "{budget}"
+            );
+        }
     }
 
     #[test]

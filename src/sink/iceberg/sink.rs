@@ -393,6 +393,21 @@ impl Sink for IcebergSink<'_> {
         false
     }
 
+    /// A removed row becomes an equality delete: its equality columns, written in the partition of the row (the
+    /// source columns of every partition spec the target has had). Nothing else of it is read.
+    fn removed_columns(&self) -> Option<Vec<i32>> {
+        let (open, table) = (self.open.as_ref()?, self.table.as_ref()?);
+        let to_source = open.evolution.map.inverse();
+        let mut ids = self.equality_ids.clone();
+        for spec in table.metadata().partition_specs_iter() {
+            // a partition column the source does not have is null in every row: nothing to carry
+            ids.extend(spec.fields().iter().filter_map(|f| to_source.get(&f.source_id).copied()));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Some(ids)
+    }
+
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             match self.catalog.load_table(&self.cfg.table).await {
