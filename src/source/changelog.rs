@@ -304,11 +304,12 @@ impl<'a> ChangelogScan<'a> {
             ordinal,
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+        // removed rows with only what the sink reads of them, when it says so (see `super::slim`)
+        let slim = if carry_over { self.removed_columns.as_ref().and_then(|ids| Slim::new(&data_schema, &key_idx, ids)).map(Arc::new) } else { None };
         if carry_over && !self.opts.key_order && self.partition_aligned(&jobs) {
             // Every row of a key is in one partition: each group nets its own survivors and hands them on as it
             // finishes, so the sink writes while other groups still match, and no snapshot-wide sort is needed.
             tracing::debug!(snapshot = snapshot.snapshot_id(), "netting by partition group: every row of a key is in one partition");
-            let slim = self.removed_columns.as_ref().and_then(|ids| Slim::new(&data_schema, &key_idx, ids)).map(Arc::new);
             let net = GroupNet::Own { data_schema: data_schema.clone(), key_idx, budget: netting_budget, tx, slim };
             let pushing = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net);
             let (pushed, counts) = futures::future::try_join(pushing, self.deliver(rx, commit, sink)).await?;
@@ -317,9 +318,13 @@ impl<'a> ChangelogScan<'a> {
             return Ok(stats);
         }
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
+        if slim.is_some() {
+            netter = netter.without_cancelling();
+        }
         let totals = if carry_over {
             let shared = Arc::new(std::sync::Mutex::new(netter));
-            let pushed = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, GroupNet::Shared(shared.clone())).await?;
+            let net = GroupNet::Shared(shared.clone(), slim);
+            let pushed = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net).await?;
             stats.carry = pushed.carry;
             netter = Arc::try_unwrap(shared)
                 .map_err(|_| Error::Internal("a carry-over worker still holds the netter".into()))?
@@ -529,8 +534,9 @@ impl ChangelogScan<'_> {
     /// table, and up to `concurrency` groups run at once, sharing 9/16 of the budget (the netting has 3/16). Each
     /// group matches in a task of its own (see `cancel_group`) and hands its survivors to `net`: the snapshot's
     /// netter, or, when the partition follows the key, a netter of the group's own that sends its netted rows on.
-    /// Otherwise (unpartitioned tables, files of several specs) all files form one group. With a shared netter, a
-    /// pair missed by the grouping would still cancel there: grouping decides the cost, never the result.
+    /// Otherwise (unpartitioned tables, files of several specs) all files form one group. No identical pair is
+    /// missed by the grouping (a partition value is a function of the row, under one spec), so the netter after it
+    /// needs no cancelling — and must not cancel when removed rows hold placeholders (`GroupNet::slim`).
     async fn push_without_carry_over(
         &self,
         snapshot: &SnapshotRef,
@@ -985,18 +991,17 @@ enum GroupRows {
 #[derive(Clone)]
 enum GroupNet {
     /// Into the snapshot's netter, shared by every group (its merge puts the whole snapshot in key order).
-    Shared(Arc<std::sync::Mutex<Netter>>),
+    Shared(Arc<std::sync::Mutex<Netter>>, Option<Arc<Slim>>),
     /// Into a netter of the group's own, whose netted rows go to `tx` when the group is done (partition-aligned
     /// groups; see `ScanOptions::key_order`).
-    /// `slim`: removed rows carry only what the sink reads of them (see `super::slim`).
+    /// Either way `slim`: removed rows carry only what the sink reads of them (see `super::slim`).
     Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch>, slim: Option<Arc<Slim>> },
 }
 
 impl GroupNet {
     fn slim(&self) -> Option<Arc<Slim>> {
         match self {
-            GroupNet::Own { slim, .. } => slim.clone(),
-            GroupNet::Shared(_) => None,
+            GroupNet::Own { slim, .. } | GroupNet::Shared(_, slim) => slim.clone(),
         }
     }
 
@@ -1020,7 +1025,7 @@ enum Survivors {
 impl Survivors {
     fn new(net: GroupNet, spill_dir: &std::path::Path) -> Result<Self> {
         Ok(match net {
-            GroupNet::Shared(n) => Survivors::Shared(n),
+            GroupNet::Shared(n, _) => Survivors::Shared(n),
             GroupNet::Own { data_schema, key_idx, budget, tx, slim } => {
                 let netter = Netter::new(data_schema, key_idx, budget, spill_dir)?;
                 // slim removed rows hold placeholders; carry-over has cancelled every identical pair already
