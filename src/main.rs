@@ -228,7 +228,9 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let cfg = Config::load(&config)?;
             let (from, to) = range.bounds()?;
             let (_, table) = pipeline::load_source(&cfg).await?;
-            let summary = pipeline::run_changes(&cfg, &table, from, to, |schema| output::open(format, output.as_deref(), schema), |_| {}).await?;
+            let summary =
+                pipeline::run_changes(&cfg, &table, from, to, |schema, memory| output::open(format, output.as_deref(), schema, memory), |_| {})
+                    .await?;
             tracing::info!(?summary, "changes done");
             eprintln!(
                 "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",

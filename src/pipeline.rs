@@ -50,7 +50,7 @@ pub async fn run_changes(
     table: &Table,
     from: Option<Bound>,
     to: Option<Bound>,
-    make_writer: impl FnOnce(arrow_schema::SchemaRef) -> Result<Box<dyn ChangeWriter>>,
+    make_writer: impl FnOnce(arrow_schema::SchemaRef, u64) -> Result<Box<dyn ChangeWriter>>,
     mut on_snapshot: impl FnMut(&SnapshotStats),
 ) -> Result<ChangesSummary> {
     let started = Instant::now();
@@ -59,8 +59,12 @@ pub async fn run_changes(
     // Output in the schema of the range's end, keys resolved there.
     let out_schema = lineage::snapshot_schema(meta, snapshots.last());
     let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
-    let scan = ChangelogScan::new(table, &out_schema, key_ids, scan_options(cfg))?;
-    let mut writer = make_writer(scan.output_schema())?;
+    // the writer's buffers run beside the scan: it gets its share of the budget, the scan the rest
+    let (n, d) = crate::output::OUTPUT_SHARE;
+    let writer_memory = cfg.engine.memory_budget / d * n;
+    let opts = ScanOptions { memory_budget: cfg.engine.memory_budget.saturating_sub(writer_memory).max(1), ..scan_options(cfg) };
+    let scan = ChangelogScan::new(table, &out_schema, key_ids, opts)?;
+    let mut writer = make_writer(scan.output_schema(), writer_memory)?;
     let mut summary = ChangesSummary { table: cfg.source.table.clone(), snapshots: snapshots.len(), ..Default::default() };
     // Like Spark's changelog, ordinals count the snapshots that can carry changes: compactions get none.
     let mut ordinal = 0i32;

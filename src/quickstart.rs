@@ -103,7 +103,7 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
         Err(e) => return Err(e),
     };
     eprintln!("quickstart: the changes of {TABLE} so far (`cdc changes --config {}`):", config_path.display());
-    let summary = pipeline::run_changes(&cfg, &table, None, None, |s| output::open(Format::Jsonl, None, s), |_| {}).await?;
+    let summary = pipeline::run_changes(&cfg, &table, None, None, |s, memory| output::open(Format::Jsonl, None, s, memory), |_| {}).await?;
     eprintln!("quickstart: {} snapshots, {} insert, {} delete, {} update", summary.snapshots, summary.inserts, summary.deletes, summary.update_pairs);
     if changes_only {
         return Ok(());
