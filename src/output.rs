@@ -361,3 +361,43 @@ mod tests {
         assert_eq!(one(&l), "[1,null]");
     }
 }
+
+#[cfg(test)]
+mod row_group_tests {
+    use super::*;
+    use crate::change::{self, ChangeType, CommitInfo};
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Schema};
+    use std::sync::Arc;
+
+    /// Row groups written with `memory` bytes for the writer's buffers, for 200k change rows.
+    fn row_groups(memory: u64) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("changes.parquet");
+        let data = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("v", DataType::Utf8, true)]));
+        let schema = change::change_schema(&data);
+        let mut w = open(Format::Parquet, Some(&path), schema.clone(), memory).unwrap();
+        let commit = CommitInfo { snapshot_id: 1, sequence_number: 1, timestamp_ms: 0, ordinal: 0 };
+        for b in 0..25i64 {
+            let ids = Int64Array::from_iter_values(b * 8000..(b + 1) * 8000);
+            let vs = StringArray::from_iter_values((0..8000).map(|i| format!("value-{}-{i}", b * 7919 + i)));
+            let batch =
+                change::with_metadata(&schema, vec![Arc::new(ids), Arc::new(vs)], change::change_type_column(ChangeType::Insert, 8000), commit)
+                    .unwrap();
+            w.write(&batch).unwrap();
+        }
+        w.finish().unwrap();
+        let reader = parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let meta = parquet::file::reader::FileReader::metadata(&reader);
+        assert_eq!(meta.file_metadata().num_rows(), 200_000);
+        meta.num_row_groups()
+    }
+
+    /// The writer's row group in progress stays within the memory it is given: a small share splits the rows into
+    /// several row groups, the default share keeps them in one.
+    #[test]
+    fn a_row_group_is_written_out_once_it_fills_the_writers_memory() {
+        assert_eq!(row_groups(32 << 20), 1);
+        assert!(row_groups(1 << 20) > 2, "{}", row_groups(1 << 20));
+    }
+}
