@@ -266,7 +266,10 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
     }
     let (_, source) = load_source(cfg).await?;
     // the republisher: the pipeline of a one-shot sync is named after its source table
-    let mut kafka = cfg.kafka.as_ref().map(|k| crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table)));
+    let mut kafka = cfg
+        .kafka
+        .as_ref()
+        .map(|k| crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table)).with_memory_budget(cfg.engine.memory_budget));
     let target = match &cfg.target {
         Some(t) => Some(Catalog::connect(&t.catalog, "target").await?),
         None => None,
