@@ -358,3 +358,28 @@ def test_initial_latest_publishes_only_what_comes_after(spark, warehouse, kafka,
     run_cdc("sync", "--config", cfg)
     got = consume(kafka["bootstrap"], topic, idle=4)
     assert [(json.loads(v)["id"], json.loads(v)["_change_type"]) for _, _, v, _ in got] == [(3, "INSERT")]
+
+
+def test_two_pipelines_of_one_source_never_share_a_progress_record(spark, warehouse, kafka, tmp_path):
+    """`cdc sync` names its pipeline after the source table, so two configurations publishing one table to two topics
+    through one progress topic would share a progress record: the second would find the first's progress and
+    publish nothing to its own, empty topic, exiting 0. The record names its topic; the second run stops with exit 5
+    and says what to do, and with its own progress topic it publishes everything."""
+    topic = f"shared-{uuid.uuid4().hex[:8]}"
+    keyed_table(spark, "shared_src", "(1, 'a'), (2, 'b')")
+    first = config(tmp_path, warehouse, "db.shared_src", kafka_section(kafka["bootstrap"], topic), name="first.toml")
+    run_cdc("sync", "--config", first)
+    shared = f'progress_topic = "{topic}-progress"'
+    second_section = kafka_section(kafka["bootstrap"], f"{topic}-other").replace(f'progress_topic = "{topic}-other-progress"', shared)
+    second = config(tmp_path, warehouse, "db.shared_src", second_section, name="second.toml")
+    p = run_cdc("sync", "--config", second, check=False)
+    assert p.returncode == 5, (p.returncode, p.stderr)
+    assert "another destination" in p.stderr and f"topic `{topic}`" in p.stderr and "progress_topic" in p.stderr, p.stderr
+    assert consume(kafka["bootstrap"], f"{topic}-other", idle=3) == []
+    own = config(tmp_path, warehouse, "db.shared_src", kafka_section(kafka["bootstrap"], f"{topic}-other"), name="own.toml")
+    run_cdc("sync", "--config", own)
+    got = consume(kafka["bootstrap"], f"{topic}-other", idle=4)
+    assert sorted(json.loads(v)["id"] for _, _, v, _ in got) == [1, 2]
+    # the first pipeline still resumes from its own record: nothing new, nothing again
+    run_cdc("sync", "--config", first)
+    assert len(consume(kafka["bootstrap"], topic, idle=4)) == 2

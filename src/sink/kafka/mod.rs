@@ -54,17 +54,22 @@ pub struct Progress {
     #[serde(default)]
     pub partial_rows: u64,
     pub written_at_ms: i64,
+    /// The topic the pipeline publishes to (its configured pattern); records written before it was kept have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
 }
 
 impl Progress {
-    /// Progress of `source` at `snapshot` (id, sequence number), `partial_rows` into what follows it, as of now.
-    fn at(source: &SourceInfo, snapshot: Option<(i64, i64)>, partial_rows: u64) -> Self {
+    /// Progress of `source` at `snapshot` (id, sequence number), `partial_rows` into what follows it, as of now, of a
+    /// pipeline publishing to `topic`.
+    fn at(source: &SourceInfo, snapshot: Option<(i64, i64)>, partial_rows: u64, topic: &str) -> Self {
         Progress {
             source_uuid: source.uuid.clone(),
             snapshot_id: snapshot.map(|s| s.0),
             sequence_number: snapshot.map(|s| s.1),
             partial_rows,
             written_at_ms: chrono::Utc::now().timestamp_millis(),
+            topic: Some(topic.to_string()),
         }
     }
 }
@@ -364,7 +369,7 @@ impl KafkaSink {
             let o = self.open.as_ref().ok_or_else(|| Error::Internal("no open transaction".into()))?;
             (o.base, o.base_seq, o.rows_done)
         };
-        let progress = Progress::at(source, base.zip(base_seq), rows_done);
+        let progress = Progress::at(source, base.zip(base_seq), rows_done, &self.cfg.topic);
         self.progress_record(&progress)?;
         self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
         self.transactions += 1;
@@ -458,12 +463,21 @@ impl Sink for KafkaSink {
                         self.pipeline, self.cfg.progress_topic, p.source_uuid, source.name, source.uuid
                     )));
                 }
+                // Two pipelines of one name (`cdc sync` names its pipeline after the source table) publishing to
+                // different topics would share this record: the second would take the first's progress as its own
+                // and skip what its topic never got.
+                if let Some(theirs) = p.topic.as_deref().filter(|t| *t != self.cfg.topic) {
+                    return Err(Error::Range(format!(
+                        "the progress of `{}` in {} is that of another destination (topic `{theirs}`, this pipeline publishes to `{}`): two pipelines of one source share it; give this one its own `progress_topic` (or, in the service, its own pipeline name)",
+                        self.pipeline, self.cfg.progress_topic, self.cfg.topic
+                    )));
+                }
             }
             if progress.is_none() && self.cfg.initial == KafkaInitial::Latest {
                 // start after the current snapshot, durably, before any change is read
                 if let Some(cur) = source.metadata.current_snapshot() {
                     let at = (cur.snapshot_id(), cur.sequence_number());
-                    let p = Progress::at(source, Some(at), 0);
+                    let p = Progress::at(source, Some(at), 0, &self.cfg.topic);
                     self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
                     self.progress_record(&p)?;
                     self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
@@ -537,7 +551,7 @@ impl Sink for KafkaSink {
                 return Err(Error::Cancelled);
             }
             // rows still to skip reach into the next chunk (a restart planned shorter chunks than before)
-            let progress = Progress::at(source, Some(open.last), open.skip);
+            let progress = Progress::at(source, Some(open.last), open.skip, &self.cfg.topic);
             self.progress_record(&progress)?;
             self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
             self.transactions += 1;
