@@ -8,6 +8,11 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
+
+/// `(n, d)` of `budget`: n/d of it (how the engine's parts divide `engine.memory_budget`).
+pub fn share_of(budget: u64, (n, d): (u64, u64)) -> u64 {
+    (budget as u128 * n as u128 / d as u128) as u64
+}
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 512 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -60,8 +60,7 @@ pub async fn run_changes(
     let out_schema = lineage::snapshot_schema(meta, snapshots.last());
     let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
     // the writer's buffers run beside the scan: it gets its share of the budget, the scan the rest
-    let (n, d) = crate::output::OUTPUT_SHARE;
-    let writer_memory = cfg.engine.memory_budget / d * n;
+    let writer_memory = crate::config::share_of(cfg.engine.memory_budget, crate::output::OUTPUT_SHARE);
     let opts = ScanOptions { memory_budget: cfg.engine.memory_budget.saturating_sub(writer_memory).max(1), ..scan_options(cfg) };
     let scan = ChangelogScan::new(table, &out_schema, key_ids, opts)?;
     let mut writer = make_writer(scan.output_schema(), writer_memory)?;

@@ -25,6 +25,7 @@ use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
+use crate::config::share_of;
 use crate::error::{Error, Result};
 use crate::source::carry::{CarryOver, CarryStats, Finished, MAX_MATCHER_ROWS};
 use crate::source::files::{self, FileEntry};
@@ -43,11 +44,6 @@ const CARRY_SHARE: (u64, u64) = (9, 16);
 const NET_SHARE_BESIDE_CARRY: (u64, u64) = (3, 16);
 /// … or + the netter alone, for every other snapshot.
 const NET_SHARE: (u64, u64) = (12, 16);
-
-/// `(n, d)` of `budget`: n/d of it.
-fn share_of(budget: u64, (n, d): (u64, u64)) -> u64 {
-    (budget as u128 * n as u128 / d as u128) as u64
-}
 
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
@@ -231,8 +227,8 @@ impl<'a> ChangelogScan<'a> {
     }
 
     /// The columns the sink reads of removed rows besides the key, as source field ids (`None`, the default: all
-    /// of them; [`crate::sink::Sink::removed_columns`]). A partition-aligned copy-on-write rewrite netted group by
-    /// group then carries its removed rows with only these columns ([`super::slim`]).
+    /// of them; [`crate::sink::Sink::removed_columns`]). A copy-on-write rewrite then carries its removed rows with
+    /// only these columns ([`super::slim`]), whether it is netted group by group or whole.
     pub fn set_removed_columns(&mut self, ids: Option<Vec<i32>>) {
         self.removed_columns = ids;
     }
@@ -558,7 +554,7 @@ impl ChangelogScan<'_> {
         // parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
         // peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
         let first = net.first_side();
-        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(first_upper(g, first), carry_share / k as u64) != Some(1));
+        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(side_upper(g, first), carry_share / k as u64) != Some(1));
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
         // a group no plan fits stops the scan before anything is read, saying what would do
@@ -600,18 +596,13 @@ impl ChangelogScan<'_> {
     /// that fits ([`CarryOver::parts_for`]). Else the error says which budget would do, or that the partition is too
     /// large for one rewrite.
     fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64, first: Side) -> Result<()> {
-        let (added, removed) = (first_upper(jobs, Side::Added), first_upper(jobs, Side::Removed));
-        // the side carry-over matches first is the one its plan is sized by
-        let rows = match first {
-            Side::Added => GroupRowsBound { added, removed },
-            Side::Removed => GroupRowsBound { added: removed, removed: added },
-        };
+        let rows = GroupRowsBound { first: side_upper(jobs, first), second: side_upper(jobs, first.other()) };
         group_fits(rows, share, self.opts.memory_budget).map_err(|fix| Error::TooLarge {
             what: format!(
                 "snapshot {} of `{}` rewrites {} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
                 snapshot.snapshot_id(),
                 self.table.identifier(),
-                added.max(removed)
+                rows.first.max(rows.second)
             ),
             fix,
         })
@@ -643,8 +634,9 @@ impl ChangelogScan<'_> {
         // carry-over takes one side whole before the other streams through: the added rows, or, when removed rows
         // are slim (see `super::slim`), the removed ones — then the sides of what it emits are swapped back
         let first = net.first_side();
-        let (slim, is_slim) = (net.slim(), net.slim().is_some());
-        let first_upper = first_upper(&jobs, first);
+        let slim = net.slim();
+        let is_slim = slim.is_some();
+        let first_upper = side_upper(&jobs, first);
         let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
         for j in jobs {
             if j.can_add() {
@@ -671,11 +663,8 @@ impl ChangelogScan<'_> {
             let mut survivors = Survivors::new(net, &spill_dir)?;
             let mut emit = |side: Side, b: RecordBatch| match &slim {
                 None => survivors.push(side, b),
-                // carry-over's first side holds the slim removed rows: swap the sides back, give them the full schema
-                Some(s) => match side {
-                    Side::Added => survivors.push(Side::Removed, s.expand(&b)?),
-                    Side::Removed => survivors.push(Side::Added, b),
-                },
+                // carry-over's first side holds the slim removed rows
+                Some(s) => s.restore(side, b).and_then(|(side, b)| survivors.push(side, b)),
             };
             while let Some(msg) = rx.recv().await {
                 let rows = match msg {
@@ -710,10 +699,7 @@ impl ChangelogScan<'_> {
         let send = async |msg: GroupRows| tx.send(msg).await.map_err(|_| Error::Internal("the carry-over worker stopped".into()));
         // every row of the first side before the first of the other: the carry-over protocol
         let feed = async |want: Side, rows: FileRows| if rows.side == want { send(GroupRows::Rows(rows)).await } else { Ok(()) };
-        let second = match first {
-            Side::Added => Side::Removed,
-            Side::Removed => Side::Added,
-        };
+        let second = first.other();
         let fed = async {
             let a = self.push_rows(snapshot, firsts, read, concurrency, async |rows| feed(first, rows).await).await?;
             let r = self.push_rows(snapshot, seconds, read, concurrency, async |rows| feed(second, rows).await).await?;
@@ -1057,25 +1043,26 @@ impl Survivors {
     }
 }
 
-/// Upper bounds on the rows one carry-over group adds and removes (manifest record counts).
+/// Upper bounds on the rows of one carry-over group's sides (manifest record counts): the side carry-over takes
+/// first, which its plan is sized by, and the other.
 #[derive(Clone, Copy)]
 struct GroupRowsBound {
-    added: u64,
-    removed: u64,
+    first: u64,
+    second: u64,
 }
 
 /// Whether carry-over can match a group of `rows` with `share` bytes of a `budget`: rows a side within what it numbers,
 /// and a plan that fits ([`CarryOver::parts_for`]). Else what to do about it: the budget that would do (the share
 /// is a fixed part of the budget, so the least share with a plan is scaled back), or partitioning the table.
 fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Result<(), String> {
-    let plan = CarryOver::parts_for(rows.added, share);
-    if rows.added.max(rows.removed) >= MAX_MATCHER_ROWS && plan != Some(1) {
+    let plan = CarryOver::parts_for(rows.first, share);
+    if rows.first.max(rows.second) >= MAX_MATCHER_ROWS && plan != Some(1) {
         return Err(format!(
             "carry-over matches at most {MAX_MATCHER_ROWS} rows a side in one partition; partition the table (e.g. by bucket(N, key)) so that a rewrite touches smaller partitions"
         ));
     }
     if plan.is_none() {
-        let needed = (CarryOver::least_share(rows.added) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
+        let needed = (CarryOver::least_share(rows.first) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
         let mib = |b: u128| b.div_ceil(1 << 20);
         return Err(format!(
             "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
@@ -1087,7 +1074,7 @@ fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Res
 }
 
 /// An upper bound on the rows a group's files add or remove (manifest record counts of the files that can).
-fn first_upper(jobs: &[FileJob], side: Side) -> u64 {
+fn side_upper(jobs: &[FileJob], side: Side) -> u64 {
     jobs.iter().filter(|j| if side == Side::Added { j.can_add() } else { j.can_remove() }).map(|j| j.file.file.record_count()).sum()
 }
 
@@ -1288,7 +1275,7 @@ mod tests {
     /// side beyond 32-bit row numbers is refused with the advice to partition; ordinary groups pass.
     #[test]
     fn a_group_that_does_not_fit_says_what_would() {
-        let rows = |added, removed| GroupRowsBound { added, removed };
+        let rows = |first, second| GroupRowsBound { first, second };
         let budget = 256u64 << 20;
         let share = share_of(budget, CARRY_SHARE);
         assert_eq!(group_fits(rows(100_000, 100_000), share, budget), Ok(()));

@@ -29,6 +29,16 @@ pub enum Side {
     Added = 1,
 }
 
+impl Side {
+    /// The other side.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Removed => Side::Added,
+            Side::Added => Side::Removed,
+        }
+    }
+}
+
 const SIDE_COL: &str = "__cdc_side";
 
 #[derive(Debug, Default, Clone, Copy)]

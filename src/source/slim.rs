@@ -20,6 +20,7 @@ use arrow_data::ArrayData;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::Result;
+use crate::source::net::Side;
 use crate::spec::projection::field_id;
 
 /// Which top-level columns removed rows keep; see the module header.
@@ -72,6 +73,15 @@ impl Slim {
             .map(|(((f, c), s), k)| if *k { (f.as_ref().clone(), c.clone()) } else { (s.as_ref().clone(), Arc::new(NullArray::new(n)) as ArrayRef) })
             .unzip();
         Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+    }
+
+    /// What carry-over emitted, taken with the removed rows first ([`crate::source::carry`]'s sides are roles), as
+    /// the scan's side and full rows: the sides swapped back, the removed rows expanded.
+    pub(crate) fn restore(&self, side: Side, batch: RecordBatch) -> Result<(Side, RecordBatch)> {
+        match side.other() {
+            Side::Removed => Ok((Side::Removed, self.expand(&batch)?)),
+            Side::Added => Ok((Side::Added, batch)),
+        }
     }
 
     /// A slim batch in the full schema again, the dropped columns as placeholders.

@@ -234,7 +234,6 @@ impl KafkaSink {
         if !self.cfg.properties.contains_key("transaction.timeout.ms") {
             c.set("transaction.timeout.ms", "60000");
         }
-
         let ctx = self.context()?;
         let p: Prod = c.create_with_context(ctx).map_err(|e| self.error("creating the producer", e))?;
         self.producer = Some(Arc::new(p));
@@ -429,8 +428,7 @@ impl Sink for KafkaSink {
 
     /// The producer's queue and encoded batches: [`KAFKA_SHARE`] of the budget.
     fn reserved_memory(&self) -> u64 {
-        let (n, d) = KAFKA_SHARE;
-        self.memory_budget / d * n
+        crate::config::share_of(self.memory_budget, KAFKA_SHARE)
     }
 
     fn initial(&self) -> Initial {
