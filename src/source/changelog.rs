@@ -314,7 +314,8 @@ impl<'a> ChangelogScan<'a> {
             return Ok(stats);
         }
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
-        if slim.is_some() {
+        if carry_over {
+            // identical pairs are carry-over's to cancel: the netter then compares rows by key only
             netter = netter.without_cancelling();
         }
         let totals = if carry_over {
@@ -1012,10 +1013,10 @@ impl Survivors {
     fn new(net: GroupNet, spill_dir: &std::path::Path) -> Result<Self> {
         Ok(match net {
             GroupNet::Shared(n, _) => Survivors::Shared(n),
-            GroupNet::Own { data_schema, key_idx, budget, tx, slim } => {
-                let netter = Netter::new(data_schema, key_idx, budget, spill_dir)?;
-                // slim removed rows hold placeholders; carry-over has cancelled every identical pair already
-                Survivors::Own(Box::new(if slim.is_some() { netter.without_cancelling() } else { netter }), tx)
+            GroupNet::Own { data_schema, key_idx, budget, tx, .. } => {
+                // carry-over has cancelled every identical pair already (and slim removed rows hold placeholders)
+                let netter = Netter::new(data_schema, key_idx, budget, spill_dir)?.without_cancelling();
+                Survivors::Own(Box::new(netter), tx)
             }
         })
     }

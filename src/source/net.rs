@@ -1,8 +1,16 @@
 //! Netting one snapshot's removed and added rows into change rows, within a memory budget.
 //!
-//! Rows are sorted by (key, whole row, side). Inside one key, identical removed/added rows cancel (copy-on-write
-//! carry-over); what remains pairs up as UPDATE_BEFORE/UPDATE_AFTER, the rest is DELETE or INSERT. Tables without a
-//! key use the whole row as key, so only cancellation happens there.
+//! Rows are sorted by (key, side). Inside one key, identical removed/added rows cancel (copy-on-write carry-over);
+//! what remains pairs up as UPDATE_BEFORE/UPDATE_AFTER, the rest is DELETE or INSERT. Tables without a key use the
+//! whole row as key, so only cancellation happens there.
+//!
+//! Whole rows are compared only inside a key, and only where they decide something: whether a removed and an added
+//! row cancel, and in which order several rows of one side pair up (by whole row, so that the result does not depend
+//! on the order the rows arrived in). Those rows are encoded when their key is netted. A key's usual rows — one
+//! removed and one added row after carry-over, which cancels identical pairs itself ([`Netter::without_cancelling`]),
+//! or one row — need no whole-row encoding at all. Encoding every row whole (in every run, again in the merge) made
+//! netting 19 % of `cdc changes` on a 10 M-row rewrite (1.6 M change rows); by key alone it is 14 %, the command
+//! 6 % less CPU.
 //!
 //! The buffer is sorted and spilled to Arrow IPC files on disk whenever it passes half the budget; the sorted runs
 //! are then merged, so a snapshot of any size is processed with bounded memory.
@@ -77,7 +85,10 @@ pub struct Netter {
     sided_schema: SchemaRef,
     key_idx: Vec<usize>,
     key_conv: RowConverter,
+    /// Encodes whole rows, for the keys whose rows need comparing ([`net_group`]).
     full_conv: RowConverter,
+    /// Whether the key is the whole row (a table without a key): rows of one key are then identical.
+    key_is_row: bool,
     budget: u64,
     spill_dir: PathBuf,
     buffer: Vec<RecordBatch>,
@@ -98,6 +109,7 @@ impl Netter {
     pub fn new(data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, spill_dir: &Path) -> Result<Self> {
         let all: Vec<usize> = (0..data_schema.fields().len()).collect();
         let key_idx = if key_idx.is_empty() { all.clone() } else { key_idx };
+        let key_is_row = key_idx == all;
         let ty = |i: &usize| data_schema.field(*i).data_type().clone();
         let key_conv = rowenc::converter(key_idx.iter().map(ty))?;
         let full_conv = rowenc::converter(all.iter().map(ty))?;
@@ -110,6 +122,7 @@ impl Netter {
             key_idx,
             key_conv,
             full_conv,
+            key_is_row,
             budget,
             spill_dir: spill_dir.to_path_buf(),
             buffer: Vec::new(),
@@ -120,9 +133,10 @@ impl Netter {
         })
     }
 
-    /// Rows whose identical pairs carry-over has cancelled already, and whose removed rows may hold placeholders
-    /// ([`super::slim`]): a placeholder could equal a real added row's values, so nothing cancels here — a removed
-    /// and an added row of one key always pair up as an update.
+    /// Rows whose identical pairs carry-over has cancelled already (every snapshot that has both removed and added
+    /// rows, in practice), and whose removed rows may hold placeholders ([`super::slim`]): a placeholder could equal
+    /// a real added row's values, so nothing cancels here — a removed and an added row of one key always pair up as
+    /// an update, and need no whole-row comparison.
     pub(crate) fn without_cancelling(mut self) -> Self {
         self.cancel = false;
         self
@@ -308,7 +322,7 @@ impl Merge {
             };
             let mut ready = None;
             if starts_new_key {
-                net_group(group, cursors, out, self.netter.cancel);
+                net_group(group, cursors, out, &self.netter)?;
                 group.clear();
                 // Flush at key boundaries, also when carry-over cancels most rows and old batches pile up.
                 if out.picks.len() >= BATCH_SIZE || cursors.iter().any(|c| c.arena.len() > 4) {
@@ -328,7 +342,7 @@ impl Merge {
                 return Ok(ready);
             }
         }
-        net_group(group, cursors, out, self.netter.cancel);
+        net_group(group, cursors, out, &self.netter)?;
         group.clear();
         self.done = true;
         if out.picks.is_empty() {
@@ -421,7 +435,6 @@ struct Encoded {
     /// Per row, [`key_prefix`] of its key encoding: decides most comparisons without touching the encodings.
     prefix: Vec<u128>,
     key: Rows,
-    full: Rows,
     side: Int8Array,
 }
 
@@ -430,16 +443,14 @@ impl Encoded {
         let ncols = n.data_schema.fields().len();
         let key_cols: Vec<ArrayRef> = n.key_idx.iter().map(|&i| batch.column(i).clone()).collect();
         let key = rowenc::convert(&n.key_conv, &key_cols)?;
-        let full = rowenc::convert(&n.full_conv, &batch.columns()[..ncols])?;
         let side = batch.column(ncols).as_any().downcast_ref::<Int8Array>().unwrap().clone();
         let prefix = key.iter().map(|r| key_prefix(r.as_ref())).collect();
-        Ok(Encoded { batch, prefix, key, full, side })
+        Ok(Encoded { batch, prefix, key, side })
     }
     fn cmp_rows(&self, a: usize, other: &Encoded, b: usize) -> std::cmp::Ordering {
         self.prefix[a]
             .cmp(&other.prefix[b])
             .then_with(|| self.key.row(a).cmp(&other.key.row(b)))
-            .then_with(|| self.full.row(a).cmp(&other.full.row(b)))
             .then_with(|| self.side.value(a).cmp(&other.side.value(b)))
     }
 }
@@ -587,28 +598,25 @@ impl Output {
     }
 }
 
-/// Nets one key's rows (sorted by whole row, removed before added).
-fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, cancel: bool) {
+/// Nets one key's rows: removed before added, in no particular order within a side (see the module header).
+fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, n: &Netter) -> Result<()> {
     if group.is_empty() {
-        return;
+        return Ok(());
     }
-    let full = |&(c, g): &(usize, usize)| cursors[c].arena_enc(g).full.row(cursors[c].arena_row(g));
     let side = |&(c, g): &(usize, usize)| cursors[c].arena_enc(g).side.value(cursors[c].arena_row(g));
-    let (mut removed, mut added) = (Vec::new(), Vec::new());
-    let mut i = 0;
-    while i < group.len() {
-        let mut j = i + 1;
-        while j < group.len() && full(&group[j]) == full(&group[i]) {
-            j += 1;
-        }
-        let run = &group[i..j];
-        let r = run.iter().filter(|p| side(p) == Side::Removed as i8).count();
-        let a = run.len() - r;
-        let cancelled = if cancel { r.min(a) } else { 0 };
-        removed.extend_from_slice(&run[cancelled..r]);
-        added.extend_from_slice(&run[r + cancelled..]);
-        i = j;
-    }
+    let r = group.iter().take_while(|p| side(p) == Side::Removed as i8).count();
+    let (removed, added) = group.split_at(r);
+    let ordered: KeySides;
+    let (removed, added): (&[(usize, usize)], &[(usize, usize)]) = if n.key_is_row {
+        // every row of the key is the same row
+        let cancelled = if n.cancel { r.min(added.len()) } else { 0 };
+        (&removed[cancelled..], &added[cancelled..])
+    } else if removed.len() > 1 || added.len() > 1 || (n.cancel && !removed.is_empty() && !added.is_empty()) {
+        ordered = by_whole_row(group, cursors, n)?;
+        (&ordered.removed, &ordered.added)
+    } else {
+        (removed, added)
+    };
     let pairs = removed.len().min(added.len());
     for k in 0..pairs {
         out.picks.push(removed[k]);
@@ -624,6 +632,44 @@ fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, can
         out.picks.push(*p);
         out.types.push(ChangeType::Insert);
     }
+    Ok(())
+}
+
+/// A key's removed and added rows, each side in whole-row order, without the identical pairs that cancel (when the
+/// netter cancels). The rows are encoded one by one: only keys with several rows on a side, or with both sides
+/// where nothing has cancelled yet, come here.
+fn by_whole_row(group: &[(usize, usize)], cursors: &[Cursor], n: &Netter) -> Result<KeySides> {
+    let ncols = n.data_schema.fields().len();
+    let mut rows = Vec::with_capacity(group.len());
+    for &(c, g) in group {
+        let (enc, row) = (cursors[c].arena_enc(g), cursors[c].arena_row(g));
+        let cols: Vec<ArrayRef> = enc.batch.columns()[..ncols].iter().map(|a| a.slice(row, 1)).collect();
+        let full = rowenc::convert(&n.full_conv, &cols)?.row(0).owned();
+        rows.push((full, enc.side.value(row), (c, g)));
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while i < rows.len() {
+        let mut j = i + 1;
+        while j < rows.len() && rows[j].0 == rows[i].0 {
+            j += 1;
+        }
+        let run = &rows[i..j];
+        let r = run.iter().filter(|p| p.1 == Side::Removed as i8).count();
+        let a = run.len() - r;
+        let cancelled = if n.cancel { r.min(a) } else { 0 };
+        removed.extend(run[cancelled..r].iter().map(|p| p.2));
+        added.extend(run[r + cancelled..].iter().map(|p| p.2));
+        i = j;
+    }
+    Ok(KeySides { removed, added })
+}
+
+/// One key's rows that did not cancel, as (cursor, global row), by side.
+struct KeySides {
+    removed: Vec<(usize, usize)>,
+    added: Vec<(usize, usize)>,
 }
 
 #[cfg(test)]
@@ -721,6 +767,34 @@ mod tests {
                 ],
                 "{budget}"
             );
+        }
+    }
+
+    /// Several rows of one key on a side (a table whose key is not unique): they pair up in whole-row order, not in
+    /// the order they arrived in or the runs they were spilled in.
+    #[test]
+    fn rows_of_one_key_pair_by_whole_row_whatever_their_order() {
+        let removed = [(1, "b"), (1, "a"), (2, "x")];
+        let added = [(1, "e"), (1, "c"), (1, "d")];
+        let expected: Vec<(i64, String, String)> = [
+            (1, "a", "UPDATE_BEFORE"),
+            (1, "c", "UPDATE_AFTER"),
+            (1, "b", "UPDATE_BEFORE"),
+            (1, "d", "UPDATE_AFTER"),
+            (1, "e", "INSERT"),
+            (2, "x", "DELETE"),
+        ]
+        .iter()
+        .map(|(i, v, t)| (*i, v.to_string(), t.to_string()))
+        .collect();
+        let reversed = |rows: &[(i64, &'static str)]| rows.iter().rev().copied().collect::<Vec<_>>();
+        for budget in [1 << 30, 256] {
+            for cancel in [false, true] {
+                for (r, a) in [(removed.to_vec(), added.to_vec()), (reversed(&removed), reversed(&added))] {
+                    let (rows, _) = run_netter(vec![0], budget, cancel, &r, &a);
+                    assert_eq!(rows, expected, "budget {budget}, cancel {cancel}, {r:?} / {a:?}");
+                }
+            }
         }
     }
 
