@@ -173,11 +173,10 @@ impl Netter {
         let batches = std::mem::take(&mut self.buffer);
         self.buffered = 0;
         let encs: Vec<Encoded> = batches.into_iter().map(|b| Encoded::new(self, b)).collect::<Result<_>>()?;
-        let mut idx: Vec<SortItem> = encs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, e)| e.prefix.iter().enumerate().map(move |(r, p)| SortItem { prefix: *p, batch: i as u32, row: r as u32 }))
-            .collect();
+        let mut idx: Vec<SortItem> = Vec::with_capacity(encs.iter().map(|e| e.prefix.len()).sum());
+        for (i, e) in encs.iter().enumerate() {
+            idx.extend(e.prefix.iter().enumerate().map(|(r, p)| SortItem { prefix: *p, batch: i as u32, row: r as u32 }));
+        }
         // Most comparisons are decided by the prefixes, in place; only equal prefixes look at the row encodings.
         idx.sort_unstable_by(|a, b| {
             a.prefix.cmp(&b.prefix).then_with(|| encs[a.batch as usize].cmp_rows(a.row as usize, &encs[b.batch as usize], b.row as usize))
