@@ -985,6 +985,8 @@ async fn service_follows_reloads_reports_and_stops() {
     let m = http_get(port, "/metrics").1;
     assert!(metric(&m, "cdc_commits_total", orders).unwrap() >= 2.0, "{m}");
     assert_eq!(metric(&m, "cdc_replication_lag_seconds", orders), Some(0.0), "{m}");
+    // small commits spill nothing, and say so
+    assert_eq!(metric(&m, "cdc_spilled_bytes_total", orders), Some(0.0), "{m}");
     // the bootstrap copy's rows plus every INSERT change after it
     let copied = scan_rows(&table, table.metadata().current_snapshot_id()).await.len();
     let qcfg = config(dir.path(), &sql_config(&wh, "", ""));

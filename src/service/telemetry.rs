@@ -65,6 +65,7 @@ pub struct Telemetry {
     commit_duration: HistogramFamily,
     retries: Family<RunLabels, Counter>,
     replans: Family<RunLabels, Counter>,
+    spilled: Family<RunLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     bytes: Family<RunLabels, Counter>,
     files: Family<RunLabels, Counter>,
@@ -89,6 +90,7 @@ impl Telemetry {
             commit_duration: Family::new_with_constructor(commit_histogram as fn() -> Histogram),
             retries: Family::default(),
             replans: Family::default(),
+            spilled: Family::default(),
             errors: Family::default(),
             bytes: Family::default(),
             files: Family::default(),
@@ -120,6 +122,12 @@ impl Telemetry {
         );
         registry.register("cdc_commit_retries", "Commit attempts repeated after a conflict or transient failure", t.retries.clone());
         registry.register("cdc_replans", "Runs planned again because another writer moved the target's progress", t.replans.clone());
+        registry.register_with_unit(
+            "cdc_spilled",
+            "Bytes the scan wrote to local spill files (netting runs, carry-over parts): a rewrite larger than the memory budget",
+            Unit::Bytes,
+            t.spilled.clone(),
+        );
         registry.register("cdc_errors", "Failed polls, by kind of error", t.errors.clone());
         registry.register_with_unit("cdc_written", "Bytes of data and delete files written", Unit::Bytes, t.bytes.clone());
         registry.register("cdc_written_files", "Data and delete files written", t.files.clone());
@@ -192,10 +200,11 @@ impl Telemetry {
         self.with_status(l, |s| s.heartbeat = Instant::now());
     }
 
-    /// Event: a sync run ended (its retries and re-plans are counted).
+    /// Event: a sync run ended (its retries, re-plans and spilled bytes are counted).
     pub fn synced(&self, l: &RunLabels, s: &SyncSummary) {
         self.retries.get_or_create(l).inc_by(s.retries as u64);
         self.replans.get_or_create(l).inc_by(s.replans as u64);
+        self.spilled.get_or_create(l).inc_by(s.spilled_bytes);
     }
 
     /// Event: a poll failed. `permanent`: the pipeline stops until the configuration changes.

@@ -67,6 +67,8 @@ pub struct SnapshotStats {
     pub net: NetStats,
     /// Copy-on-write carry-over cancellation (all groups of the snapshot).
     pub carry: CarryStats,
+    /// Set when carry-over split groups into parts: a larger budget would have matched them in one pass.
+    pub in_parts: Option<InParts>,
 }
 
 impl SnapshotStats {
@@ -310,7 +312,7 @@ impl<'a> ChangelogScan<'a> {
             let pushing = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net);
             let (pushed, counts) = futures::future::try_join(pushing, self.deliver(rx, commit, sink)).await?;
             (stats.files_read, stats.rows_read, stats.bytes_read) = pushed.totals;
-            (stats.carry, stats.net, stats.counts) = (pushed.carry, pushed.net, counts);
+            (stats.carry, stats.net, stats.counts, stats.in_parts) = (pushed.carry, pushed.net, counts, pushed.in_parts);
             return Ok(stats);
         }
         let mut netter = Netter::new(data_schema.clone(), key_idx, netting_budget, &self.opts.spill_dir)?;
@@ -322,7 +324,7 @@ impl<'a> ChangelogScan<'a> {
             let shared = Arc::new(std::sync::Mutex::new(netter));
             let net = GroupNet::Shared(shared.clone(), slim);
             let pushed = self.push_without_carry_over(snapshot, &jobs, &data_schema, schema_id, net).await?;
-            stats.carry = pushed.carry;
+            (stats.carry, stats.in_parts) = (pushed.carry, pushed.in_parts);
             netter = Arc::try_unwrap(shared)
                 .map_err(|_| Error::Internal("a carry-over worker still holds the netter".into()))?
                 .into_inner()
@@ -546,18 +548,14 @@ impl ChangelogScan<'_> {
         // groups are CPU work (decode, fingerprint): as many at once as there are cores, within the read concurrency
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let k = self.opts.concurrency.min(cores).clamp(1, groups.len().max(1));
-        let carry_share = share_of(self.opts.memory_budget, CARRY_SHARE);
-        // When groups would have to be split, they take turns instead: one group at a time holds the carry-over
-        // share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
-        // spilled: 15.8 → 13.3 GB), and hands it on as soon as its resident parts are matched; the next group then
-        // reads and matches while this one matches its other parts from disk and streams its survivors, so both
-        // cores stay busy. The finishing group still holds a part's matcher, its survivor lists' buffers, its
-        // parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
-        // peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
         let first = net.first_side();
-        let solo = k > 1 && groups.iter().any(|g| CarryOver::parts_for(side_upper(g, first), carry_share / k as u64) != Some(1));
+        let rows: Vec<u64> = groups.iter().map(|g| side_upper(g, first)).collect();
+        let GroupPlan { share, solo, one_pass } = GroupPlan::new(&rows, self.opts.memory_budget, k);
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
-        let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
+        let in_parts = (!one_pass).then(|| InParts {
+            largest_group_rows: rows.iter().copied().max().unwrap_or(0),
+            one_pass_budget: GroupPlan::least_one_pass_budget(&rows, k),
+        });
         // a group no plan fits stops the scan before anything is read, saying what would do
         for g in &groups {
             self.check_group_fits(snapshot, g, share, first)?;
@@ -583,7 +581,7 @@ impl ChangelogScan<'_> {
         if let Ok(mut pool) = self.matchers.lock() {
             pool.clear();
         }
-        let mut pushed = CarryPushed::default();
+        let mut pushed = CarryPushed { in_parts, ..Default::default() };
         for g in done {
             let (t, p) = (g.totals, pushed.totals);
             pushed.totals = (p.0 + t.0, p.1 + t.1, p.2 + t.2);
@@ -1103,6 +1101,70 @@ struct CarryPushed {
     totals: (u64, u64, u64),
     carry: CarryStats,
     net: NetStats,
+    in_parts: Option<InParts>,
+}
+
+/// How the carry-over groups of one snapshot share the carry-over part of a scan budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GroupPlan {
+    /// Bytes each group may hold.
+    share: u64,
+    /// Whether groups take turns with a larger share (some group would be split into parts at an even split).
+    solo: bool,
+    /// Whether every group matches in one part, in memory.
+    one_pass: bool,
+}
+
+impl GroupPlan {
+    /// The plan for groups of `rows` (each the rows of the side carry-over takes first) with a scan `budget`, `k`
+    /// groups at once.
+    ///
+    /// When groups would have to be split, they take turns instead: one group at a time holds the carry-over
+    /// share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
+    /// spilled: 15.8 → 13.3 GB), and hands it on as soon as its resident parts are matched; the next group then
+    /// reads and matches while this one matches its other parts from disk and streams its survivors, so both
+    /// cores stay busy. The finishing group still holds a part's matcher, its survivor lists' buffers, its
+    /// parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
+    /// peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
+    fn new(rows: &[u64], budget: u64, k: usize) -> Self {
+        let carry_share = share_of(budget, CARRY_SHARE);
+        let fits = |share: u64| rows.iter().all(|r| CarryOver::parts_for(*r, share) == Some(1));
+        let solo = k > 1 && !fits(carry_share / k as u64);
+        let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
+        GroupPlan { share, solo, one_pass: fits(share) }
+    }
+
+    /// The least scan budget with which every group of `rows` matches in one part (its matcher in memory): from
+    /// there a rewrite costs the same per row whatever its size.
+    fn least_one_pass_budget(rows: &[u64], k: usize) -> u64 {
+        let one_pass = |budget: u64| GroupPlan::new(rows, budget, k).one_pass;
+        let (mut lo, mut hi) = (1u64, 1u64 << 20);
+        while !one_pass(hi) {
+            if hi == u64::MAX {
+                return hi;
+            }
+            (lo, hi) = (hi, hi.saturating_mul(2));
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if one_pass(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        hi
+    }
+}
+
+/// A snapshot whose carry-over groups did not all match in memory: some were split into parts and spilled, which
+/// costs more per row than one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InParts {
+    /// Rows of the largest group (the side carry-over takes first).
+    pub largest_group_rows: u64,
+    /// The least scan budget with which every group would have matched in one part.
+    pub one_pass_budget: u64,
 }
 
 /// What every file task of one scan shares.
@@ -1292,5 +1354,26 @@ mod tests {
         let enough = mib << 20;
         assert_eq!(group_fits(rows(n, n), share_of(enough, CARRY_SHARE), enough), Ok(()));
         assert!(group_fits(rows(n, n), share_of(enough - (1 << 20), CARRY_SHARE), enough - (1 << 20)).is_err(), "{mib} MiB is not the least");
+    }
+
+    /// Groups that fit share the carry-over part evenly; groups that would be split take turns with a larger share;
+    /// the least one-pass budget is exactly where every group starts to match in one part.
+    #[test]
+    fn groups_take_turns_and_name_the_least_budget_for_one_pass() {
+        let budget = 192u64 << 20; // the scan's part of 256 MiB beside the Iceberg sink's writers
+        let carry = share_of(budget, CARRY_SHARE);
+        // 10 M rows in 16 partitions: 625 k a group, two at once, each in memory
+        let small = GroupPlan::new(&[625_000; 16], budget, 2);
+        assert_eq!(small, GroupPlan { share: carry / 2, solo: false, one_pass: true });
+        // 100 M rows: 6.25 M a group, too many for half the share and for three quarters of it
+        let large = GroupPlan::new(&[6_250_000; 16], budget, 2);
+        assert_eq!(large, GroupPlan { share: carry - carry / 4, solo: true, one_pass: false });
+        let least = GroupPlan::least_one_pass_budget(&[6_250_000; 16], 2);
+        assert!(GroupPlan::new(&[6_250_000; 16], least, 2).one_pass);
+        assert!(!GroupPlan::new(&[6_250_000; 16], least - 1, 2).one_pass);
+        // the largest group decides; the others change nothing
+        assert_eq!(GroupPlan::least_one_pass_budget(&[6_250_000, 10, 625_000], 2), least);
+        // about 18 bytes a row of matcher in three quarters of 9/16 of the budget
+        assert!((150 << 20..300 << 20).contains(&least), "{least}");
     }
 }

@@ -606,7 +606,7 @@ fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, n: 
     let r = group.iter().take_while(|p| side(p) == Side::Removed as i8).count();
     let (removed, added) = group.split_at(r);
     let ordered: KeySides;
-    let (removed, added): (&[(usize, usize)], &[(usize, usize)]) = if n.key_is_row {
+    let (removed, added): (&[Pick], &[Pick]) = if n.key_is_row {
         // every row of the key is the same row
         let cancelled = if n.cancel { r.min(added.len()) } else { 0 };
         (&removed[cancelled..], &added[cancelled..])
@@ -665,10 +665,13 @@ fn by_whole_row(group: &[(usize, usize)], cursors: &[Cursor], n: &Netter) -> Res
     Ok(KeySides { removed, added })
 }
 
-/// One key's rows that did not cancel, as (cursor, global row), by side.
+/// A row in a merge: (cursor, global row).
+type Pick = (usize, usize);
+
+/// One key's rows that did not cancel, by side.
 struct KeySides {
-    removed: Vec<(usize, usize)>,
-    added: Vec<(usize, usize)>,
+    removed: Vec<Pick>,
+    added: Vec<Pick>,
 }
 
 #[cfg(test)]

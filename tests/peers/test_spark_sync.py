@@ -263,7 +263,8 @@ def test_a_rewrite_of_millions_of_rows_in_one_group_runs_in_the_least_budget(spa
     """A copy-on-write UPDATE of an unpartitioned table of 2.5 M rows at the 1 MiB minimum budget: one carry-over
     group ~250 times larger than what it may hold. Before, its per-row bitmaps alone outgrew the share and planning
     counted parts up to the row count; now it matches in parts (~19 bytes a row of a part, whatever the group's size)
-    and `cdc changes` reports exactly the updated rows, every file read once, and leaves no spill file behind."""
+    and `cdc changes` reports exactly the updated rows, every file read once, and leaves no spill file behind. It
+    warns, naming the least budget that matches the group in one pass; that budget does, 16 MiB less does not."""
     t = f"{CAT}.db.cow_one_group"
     spark.sql(f"DROP TABLE IF EXISTS {t}")
     spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, n INT) USING iceberg TBLPROPERTIES ('format-version'='2', "
@@ -287,6 +288,16 @@ def test_a_rewrite_of_millions_of_rows_in_one_group_runs_in_the_least_budget(spa
     summary = spark.sql(f"SELECT summary FROM {t}.snapshots WHERE snapshot_id = {s2}").collect()[0].summary
     assert files == int(summary["deleted-data-files"]) + int(summary["added-data-files"]), (summary, q.stderr[-500:])
     assert not os.listdir(spill), os.listdir(spill)
+    # the warning names the least budget that matches the group in one pass: there it does, 16 MiB below it does not
+    hint = re.search(r'too large to match in memory.*engine.memory_budget = "(\d+)MiB"', q.stderr)
+    assert hint, q.stderr[-2000:]
+    mib = int(hint.group(1))
+    for budget, one_pass in ((mib, True), (mib - 16, False)):
+        cfg = write_config(str(tmp_path / f"b{budget}.toml"), "db.cow_one_group", warehouse, f'[engine]\nmemory_budget = "{budget}MiB"')
+        p = run_cdc("changes", "--config", cfg, "--from-snapshot", str(s1), "--log", "iceberg_cdc=debug")
+        assert sorted(p.stdout.splitlines()) == sorted(q.stdout.splitlines()), budget
+        parts = int(re.search(r"carry-over group done .*parts=(\d+)", p.stderr).group(1))
+        assert (parts == 1) == one_pass and ("too large to match in memory" not in p.stderr) == one_pass, (budget, p.stderr[-1500:])
 
 
 def test_sync_survives_sigkill_at_random_moments(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path):
