@@ -40,11 +40,9 @@ pub async fn load_source(cfg: &Config) -> Result<(Catalog, Table)> {
 
 /// Warns when carry-over split a snapshot's partition groups into parts (a copy-on-write rewrite too large for the
 /// budget: matched in passes over spill files, at more CPU per row), saying which `engine.memory_budget` matches them
-/// in one pass. The scan had `scan_budget` of the configured budget; every share is a fixed part of it, so the
-/// budget that would do scales with what the scan would need. Returns that budget.
-fn warn_in_parts(cfg: &Config, scan_budget: u64, st: &SnapshotStats) -> Option<u64> {
+/// in one pass. Returns that budget.
+fn warn_in_parts(st: &SnapshotStats) -> Option<u64> {
     let p = st.in_parts?;
-    let budget = scaled_budget(cfg.engine.memory_budget, scan_budget, p.one_pass_budget);
     tracing::warn!(
         snapshot = st.snapshot_id,
         largest_group_rows = p.largest_group_rows,
@@ -54,21 +52,15 @@ fn warn_in_parts(cfg: &Config, scan_budget: u64, st: &SnapshotStats) -> Option<u
         "a copy-on-write rewrite was too large to match in memory: its partition groups were split into parts and \
          spilled, at more CPU per row; engine.memory_budget = \"{}MiB\" or more matches them in one pass (so does a \
          finer partitioning of the table)",
-        budget >> 20
+        p.one_pass_budget >> 20
     );
-    Some(budget)
-}
-
-/// The configured budget scaled by `needed / had` (what the scan would need over what it had), rounded up to 16 MiB.
-fn scaled_budget(configured: u64, had: u64, needed: u64) -> u64 {
-    const STEP: u128 = 16 << 20;
-    let scaled = (needed as u128 * configured as u128).div_ceil(had.max(1) as u128);
-    u64::try_from(scaled.div_ceil(STEP) * STEP).unwrap_or(u64::MAX)
+    Some(p.one_pass_budget)
 }
 
 pub fn scan_options(cfg: &Config) -> ScanOptions {
     ScanOptions {
         memory_budget: cfg.engine.memory_budget,
+        configured_budget: cfg.engine.memory_budget,
         spill_dir: cfg.engine.spill_dir.clone().unwrap_or_else(std::env::temp_dir),
         concurrency: cfg.engine.read_concurrency,
         key_order: true,
@@ -93,7 +85,6 @@ pub async fn run_changes(
     // the writer's buffers run beside the scan: it gets its share of the budget, the scan the rest
     let writer_memory = crate::config::share_of(cfg.engine.memory_budget, crate::output::OUTPUT_SHARE);
     let opts = ScanOptions { memory_budget: cfg.engine.memory_budget.saturating_sub(writer_memory).max(1), ..scan_options(cfg) };
-    let opts_budget = opts.memory_budget;
     let scan = ChangelogScan::new(table, &out_schema, key_ids, opts)?;
     let mut writer = make_writer(scan.output_schema(), writer_memory)?;
     let mut summary = ChangesSummary { table: cfg.source.table.clone(), snapshots: snapshots.len(), ..Default::default() };
@@ -114,7 +105,7 @@ pub async fn run_changes(
         summary.files_read += st.files_read;
         summary.bytes_read += st.bytes_read;
         summary.spilled_bytes += st.spilled_bytes();
-        summary.one_pass_memory_budget = summary.one_pass_memory_budget.max(warn_in_parts(cfg, opts_budget, &st));
+        summary.one_pass_memory_budget = summary.one_pass_memory_budget.max(warn_in_parts(&st));
         on_snapshot(&st);
     }
     writer.finish()?;
@@ -301,10 +292,8 @@ pub async fn run_sync(cfg: &Config, from: Option<Bound>, to: Option<Bound>, mut 
     }
     let (_, source) = load_source(cfg).await?;
     // the republisher: the pipeline of a one-shot sync is named after its source table
-    let mut kafka = cfg
-        .kafka
-        .as_ref()
-        .map(|k| crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table)).with_memory_budget(cfg.engine.memory_budget));
+    let mut kafka =
+        cfg.kafka.as_ref().map(|k| crate::sink::kafka::KafkaSink::new(k.clone(), format!("sync-{}", cfg.source.table), cfg.engine.memory_budget));
     let target = match &cfg.target {
         Some(t) => Some(Catalog::connect(&t.catalog, "target").await?),
         None => None,
@@ -433,7 +422,7 @@ pub async fn run_once(
                     summary.source_files_read += st.files_read;
                     summary.source_bytes_read += st.bytes_read;
                     summary.spilled_bytes += st.spilled_bytes();
-                    summary.one_pass_memory_budget = summary.one_pass_memory_budget.max(warn_in_parts(cfg, scan_budget, &st));
+                    summary.one_pass_memory_budget = summary.one_pass_memory_budget.max(warn_in_parts(&st));
                 };
                 if chunk.bootstrap {
                     add(scan.scan_contents(chunk.last(), &mut rows).await?);
@@ -533,19 +522,4 @@ fn record(
         planned_snapshots,
         done_snapshots,
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_that_would_do_scales_with_the_scan_and_rounds_up() {
-        const MIB: u64 = 1 << 20;
-        // the scan had three quarters of 256 MiB and needed 300 MiB: 400 MiB
-        assert_eq!(scaled_budget(256 * MIB, 192 * MIB, 300 * MIB), 400 * MIB);
-        // a byte more rounds up to the next 16 MiB
-        assert_eq!(scaled_budget(256 * MIB, 192 * MIB, 300 * MIB + 1), 416 * MIB);
-        assert_eq!(scaled_budget(u64::MAX, 1, u64::MAX), u64::MAX);
-    }
 }

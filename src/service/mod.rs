@@ -264,7 +264,7 @@ async fn poll_fanout(
     if state.is_none() {
         let s = Catalog::connect(&cfg.source.catalog, "source").await?;
         let t = Catalog::connect(&tcfg.catalog, "target").await?;
-        *state = Some((s, t, KafkaSink::new(k.clone(), run.pipeline.clone()).with_memory_budget(cfg.engine.memory_budget)));
+        *state = Some((s, t, KafkaSink::new(k.clone(), run.pipeline.clone(), cfg.engine.memory_budget)));
     }
     let (scat, tcat, ksink) = state.as_mut().expect("just connected");
     let source = scat.load_table(&cfg.source.table).await?;
@@ -294,7 +294,7 @@ async fn poll_kafka(
 ) -> Result<()> {
     if state.is_none() {
         let s = Catalog::connect(&cfg.source.catalog, "source").await?;
-        *state = Some((s, KafkaSink::new(k.clone(), run.pipeline.clone()).with_memory_budget(cfg.engine.memory_budget)));
+        *state = Some((s, KafkaSink::new(k.clone(), run.pipeline.clone(), cfg.engine.memory_budget)));
     }
     let (scat, sink) = state.as_mut().expect("just connected");
     let source = scat.load_table(&cfg.source.table).await?;

@@ -260,22 +260,7 @@ impl CarryOver {
 
     /// The least share with which [`CarryOver::parts_for`] finds a plan for `added_upper` added rows.
     pub(crate) fn least_share(added_upper: u64) -> u64 {
-        let (mut lo, mut hi) = (1u64, 1u64 << 20);
-        while Self::parts_for(added_upper, hi).is_none() {
-            if hi == u64::MAX {
-                return hi;
-            }
-            (lo, hi) = (hi, hi.saturating_mul(2));
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if Self::parts_for(added_upper, mid).is_some() {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        hi
+        least_bytes(|share| Self::parts_for(added_upper, share).is_some())
     }
 
     /// An added row batch with its fingerprints (all adds come before the first remove).
@@ -523,6 +508,27 @@ fn unseen_bytes(seen: &mut HashSet<usize>, batch: &RecordBatch) -> u64 {
     let mut total = 0;
     batch.columns().iter().for_each(|c| walk(&c.to_data(), seen, &mut total));
     total
+}
+
+/// The least number of bytes for which `enough` holds, given that it holds from some number on: doubling from 1 MiB,
+/// then bisecting (`u64::MAX` when it never does).
+pub(crate) fn least_bytes(enough: impl Fn(u64) -> bool) -> u64 {
+    let (mut lo, mut hi) = (1u64, 1u64 << 20);
+    while !enough(hi) {
+        if hi == u64::MAX {
+            return hi;
+        }
+        (lo, hi) = (hi, hi.saturating_mul(2));
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if enough(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    hi
 }
 
 /// Surviving row numbers of one side, ascending, as little-endian u32 in a local file (deleted when dropped). A

@@ -27,7 +27,7 @@ use roaring::RoaringTreemap;
 use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
 use crate::config::share_of;
 use crate::error::{Error, Result};
-use crate::source::carry::{CarryOver, CarryStats, Finished, MAX_MATCHER_ROWS};
+use crate::source::carry::{least_bytes, CarryOver, CarryStats, Finished, MAX_MATCHER_ROWS};
 use crate::source::files::{self, FileEntry};
 use crate::source::fingerprint::Fingerprinter;
 use crate::source::net::{NetStats, Netter, Side};
@@ -47,13 +47,26 @@ const NET_SHARE: (u64, u64) = (12, 16);
 
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
+    /// The scan's part of `engine.memory_budget` (a sink's or writer's buffers take the rest): what it divides.
     pub memory_budget: u64,
+    /// `engine.memory_budget` as configured, of which `memory_budget` is a fixed part: the budget messages name.
+    pub configured_budget: u64,
     pub spill_dir: PathBuf,
     pub concurrency: usize,
     /// The change rows of a snapshot in key order (`cdc changes`, and Kafka, which resumes inside a snapshot by
     /// counting rows). `false` lets a sink that applies each snapshot whole take the rows of a partition-aligned
     /// copy-on-write rewrite group by group, as each group finishes: netted per group, in key order within it.
     pub key_order: bool,
+}
+
+impl ScanOptions {
+    /// The configured budget that gives the scan `scan_budget`: every part is a fixed fraction of it, so it scales
+    /// like the scan's part; rounded up to the MiB, as configs name it.
+    fn configured_for(&self, scan_budget: u64) -> u64 {
+        const MIB: u128 = 1 << 20;
+        let scaled = (scan_budget as u128 * self.configured_budget.max(1) as u128).div_ceil(self.memory_budget.max(1) as u128);
+        u64::try_from(scaled.div_ceil(MIB) * MIB).unwrap_or(u64::MAX)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -554,7 +567,7 @@ impl ChangelogScan<'_> {
         tracing::debug!(groups = groups.len(), concurrent = k, solo, "carry-over groups");
         let in_parts = (!one_pass).then(|| InParts {
             largest_group_rows: rows.iter().copied().max().unwrap_or(0),
-            one_pass_budget: GroupPlan::least_one_pass_budget(&rows, k),
+            one_pass_budget: self.opts.configured_for(GroupPlan::least_one_pass_budget(&rows, k)),
         });
         // a group no plan fits stops the scan before anything is read, saying what would do
         for g in &groups {
@@ -596,7 +609,7 @@ impl ChangelogScan<'_> {
     /// large for one rewrite.
     fn check_group_fits(&self, snapshot: &SnapshotRef, jobs: &[FileJob], share: u64, first: Side) -> Result<()> {
         let rows = GroupRowsBound { first: side_upper(jobs, first), second: side_upper(jobs, first.other()) };
-        group_fits(rows, share, self.opts.memory_budget).map_err(|fix| Error::TooLarge {
+        group_fits(rows, share, &self.opts).map_err(|fix| Error::TooLarge {
             what: format!(
                 "snapshot {} of `{}` rewrites {} rows of one partition (copy-on-write; an unpartitioned table is one partition)",
                 snapshot.snapshot_id(),
@@ -1050,10 +1063,10 @@ struct GroupRowsBound {
     second: u64,
 }
 
-/// Whether carry-over can match a group of `rows` with `share` bytes of a `budget`: rows a side within what it numbers,
-/// and a plan that fits ([`CarryOver::parts_for`]). Else what to do about it: the budget that would do (the share
-/// is a fixed part of the budget, so the least share with a plan is scaled back), or partitioning the table.
-fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Result<(), String> {
+/// Whether carry-over can match a group of `rows` with `share` bytes of the scan's budget: rows a side within what it
+/// numbers, and a plan that fits ([`CarryOver::parts_for`]). Else what to do about it: the configured budget that
+/// would do (the share is a fixed part of it, so the least share with a plan is scaled back), or partitioning the table.
+fn group_fits(rows: GroupRowsBound, share: u64, opts: &ScanOptions) -> std::result::Result<(), String> {
     let plan = CarryOver::parts_for(rows.first, share);
     if rows.first.max(rows.second) >= MAX_MATCHER_ROWS && plan != Some(1) {
         return Err(format!(
@@ -1061,12 +1074,11 @@ fn group_fits(rows: GroupRowsBound, share: u64, budget: u64) -> std::result::Res
         ));
     }
     if plan.is_none() {
-        let needed = (CarryOver::least_share(rows.first) as u128 * budget.max(1) as u128).div_ceil(share.max(1) as u128);
-        let mib = |b: u128| b.div_ceil(1 << 20);
+        let needed = (CarryOver::least_share(rows.first) as u128 * opts.memory_budget.max(1) as u128).div_ceil(share.max(1) as u128);
         return Err(format!(
             "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
-            mib(needed),
-            mib(budget as u128)
+            opts.configured_for(u64::try_from(needed).unwrap_or(u64::MAX)) >> 20,
+            opts.configured_budget.div_ceil(1 << 20)
         ));
     }
     Ok(())
@@ -1137,23 +1149,7 @@ impl GroupPlan {
     /// The least scan budget with which every group of `rows` matches in one part (its matcher in memory): from
     /// there a rewrite costs the same per row whatever its size.
     fn least_one_pass_budget(rows: &[u64], k: usize) -> u64 {
-        let one_pass = |budget: u64| GroupPlan::new(rows, budget, k).one_pass;
-        let (mut lo, mut hi) = (1u64, 1u64 << 20);
-        while !one_pass(hi) {
-            if hi == u64::MAX {
-                return hi;
-            }
-            (lo, hi) = (hi, hi.saturating_mul(2));
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if one_pass(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        hi
+        least_bytes(|budget| GroupPlan::new(rows, budget, k).one_pass)
     }
 }
 
@@ -1163,7 +1159,7 @@ impl GroupPlan {
 pub struct InParts {
     /// Rows of the largest group (the side carry-over takes first).
     pub largest_group_rows: u64,
-    /// The least scan budget with which every group would have matched in one part.
+    /// The least `engine.memory_budget` with which every group would have matched in one part.
     pub one_pass_budget: u64,
 }
 
@@ -1341,19 +1337,43 @@ mod tests {
         let rows = |first, second| GroupRowsBound { first, second };
         let budget = 256u64 << 20;
         let share = share_of(budget, CARRY_SHARE);
-        assert_eq!(group_fits(rows(100_000, 100_000), share, budget), Ok(()));
-        assert_eq!(group_fits(rows(1_000_000_000, 1_000_000_000), share, budget), Ok(()));
-        let too_many = group_fits(rows(1_000_000_000, 5_000_000_000), share, budget).unwrap_err();
+        assert_eq!(group_fits(rows(100_000, 100_000), share, &opts(budget, budget)), Ok(()));
+        assert_eq!(group_fits(rows(1_000_000_000, 1_000_000_000), share, &opts(budget, budget)), Ok(()));
+        let too_many = group_fits(rows(1_000_000_000, 5_000_000_000), share, &opts(budget, budget)).unwrap_err();
         assert!(too_many.contains("partition the table"), "{too_many}");
         // at the 1 MiB minimum, 20 M rows in one group: no plan; the budget named has one
         let (budget, n) = (1u64 << 20, 20_000_000);
         let share = share_of(budget, CARRY_SHARE);
-        let fix = group_fits(rows(n, n), share, budget).unwrap_err();
-        let mib: u64 = fix.split("memory_budget = \"").nth(1).and_then(|r| r.split("MiB").next()).and_then(|m| m.parse().ok()).expect(&fix);
+        let named = |fix: &str| -> u64 {
+            fix.split("memory_budget = \"").nth(1).and_then(|r| r.split("MiB").next()).and_then(|m| m.parse().ok()).expect(fix)
+        };
+        let fix = group_fits(rows(n, n), share, &opts(budget, budget)).unwrap_err();
+        let mib = named(&fix);
         assert!(mib > 1 && fix.contains("it is 1 MiB"), "{fix}");
         let enough = mib << 20;
-        assert_eq!(group_fits(rows(n, n), share_of(enough, CARRY_SHARE), enough), Ok(()));
-        assert!(group_fits(rows(n, n), share_of(enough - (1 << 20), CARRY_SHARE), enough - (1 << 20)).is_err(), "{mib} MiB is not the least");
+        assert_eq!(group_fits(rows(n, n), share_of(enough, CARRY_SHARE), &opts(enough, enough)), Ok(()));
+        let less = enough - (1 << 20);
+        assert!(group_fits(rows(n, n), share_of(less, CARRY_SHARE), &opts(less, less)).is_err(), "{mib} MiB is not the least");
+        // the scan has three quarters of the configured budget (a sink's writers the rest): the budget named is the
+        // configured one, whose three quarters have a plan
+        let fix = group_fits(rows(n, n), share_of(budget / 4 * 3, CARRY_SHARE), &opts(budget / 4 * 3, budget)).unwrap_err();
+        let scan = (named(&fix) << 20) / 4 * 3;
+        assert_eq!(group_fits(rows(n, n), share_of(scan, CARRY_SHARE), &opts(scan, named(&fix) << 20)), Ok(()));
+        assert!(named(&fix) > mib, "{fix}");
+    }
+
+    fn opts(memory_budget: u64, configured_budget: u64) -> ScanOptions {
+        ScanOptions { memory_budget, configured_budget, spill_dir: std::env::temp_dir(), concurrency: 2, key_order: true }
+    }
+
+    #[test]
+    fn the_budget_named_scales_with_the_scans_part_and_rounds_up() {
+        const MIB: u64 = 1 << 20;
+        // the scan had three quarters of 256 MiB and needed 300 MiB: 400 MiB
+        assert_eq!(opts(192 * MIB, 256 * MIB).configured_for(300 * MIB), 400 * MIB);
+        // a byte more rounds up to the next MiB
+        assert_eq!(opts(192 * MIB, 256 * MIB).configured_for(300 * MIB + 1), 401 * MIB);
+        assert_eq!(opts(1, u64::MAX).configured_for(u64::MAX), u64::MAX);
     }
 
     /// Groups that fit share the carry-over part evenly; groups that would be split take turns with a larger share;

@@ -598,11 +598,11 @@ impl Output {
 }
 
 /// Nets one key's rows: removed before added, in no particular order within a side (see the module header).
-fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, n: &Netter) -> Result<()> {
+fn net_group(group: &[Pick], cursors: &[Cursor], out: &mut Output, n: &Netter) -> Result<()> {
     if group.is_empty() {
         return Ok(());
     }
-    let side = |&(c, g): &(usize, usize)| cursors[c].arena_enc(g).side.value(cursors[c].arena_row(g));
+    let side = |&(c, g): &Pick| cursors[c].arena_enc(g).side.value(cursors[c].arena_row(g));
     let r = group.iter().take_while(|p| side(p) == Side::Removed as i8).count();
     let (removed, added) = group.split_at(r);
     let ordered: KeySides;
@@ -637,7 +637,7 @@ fn net_group(group: &[(usize, usize)], cursors: &[Cursor], out: &mut Output, n: 
 /// A key's removed and added rows, each side in whole-row order, without the identical pairs that cancel (when the
 /// netter cancels). The rows are encoded one by one: only keys with several rows on a side, or with both sides
 /// where nothing has cancelled yet, come here.
-fn by_whole_row(group: &[(usize, usize)], cursors: &[Cursor], n: &Netter) -> Result<KeySides> {
+fn by_whole_row(group: &[Pick], cursors: &[Cursor], n: &Netter) -> Result<KeySides> {
     let ncols = n.data_schema.fields().len();
     let mut rows = Vec::with_capacity(group.len());
     for &(c, g) in group {
@@ -689,6 +689,11 @@ mod tests {
         )
         .unwrap()
     }
+    /// Expected change rows as [`run_netter`] returns them.
+    fn owned(rows: &[(i64, &str, &str)]) -> Vec<(i64, String, String)> {
+        rows.iter().map(|(i, v, t)| (*i, v.to_string(), t.to_string())).collect()
+    }
+
     fn run(key: Vec<usize>, budget: u64, removed: &[(i64, &str)], added: &[(i64, &str)]) -> (Vec<(i64, String, String)>, NetStats) {
         run_netter(key, budget, true, removed, added)
     }
@@ -759,16 +764,7 @@ mod tests {
     fn without_cancelling_identical_rows_of_a_key_are_an_update() {
         for budget in [1 << 30, 256] {
             let (rows, _) = run_netter(vec![0], budget, false, &[(2, ""), (3, "c")], &[(2, ""), (4, "d")]);
-            assert_eq!(
-                rows,
-                vec![
-                    (2, "".into(), "UPDATE_BEFORE".into()),
-                    (2, "".into(), "UPDATE_AFTER".into()),
-                    (3, "c".into(), "DELETE".into()),
-                    (4, "d".into(), "INSERT".into()),
-                ],
-                "{budget}"
-            );
+            assert_eq!(rows, owned(&[(2, "", "UPDATE_BEFORE"), (2, "", "UPDATE_AFTER"), (3, "c", "DELETE"), (4, "d", "INSERT")]), "{budget}");
         }
     }
 
@@ -778,17 +774,14 @@ mod tests {
     fn rows_of_one_key_pair_by_whole_row_whatever_their_order() {
         let removed = [(1, "b"), (1, "a"), (2, "x")];
         let added = [(1, "e"), (1, "c"), (1, "d")];
-        let expected: Vec<(i64, String, String)> = [
+        let expected = owned(&[
             (1, "a", "UPDATE_BEFORE"),
             (1, "c", "UPDATE_AFTER"),
             (1, "b", "UPDATE_BEFORE"),
             (1, "d", "UPDATE_AFTER"),
             (1, "e", "INSERT"),
             (2, "x", "DELETE"),
-        ]
-        .iter()
-        .map(|(i, v, t)| (*i, v.to_string(), t.to_string()))
-        .collect();
+        ]);
         let reversed = |rows: &[(i64, &'static str)]| rows.iter().rev().copied().collect::<Vec<_>>();
         for budget in [1 << 30, 256] {
             for cancel in [false, true] {
@@ -803,15 +796,7 @@ mod tests {
     #[test]
     fn carry_over_cancels_and_updates_pair() {
         let (rows, _) = run(vec![0], 1 << 30, &[(1, "a"), (2, "b"), (3, "c")], &[(1, "a"), (2, "B"), (4, "d")]);
-        assert_eq!(
-            rows,
-            vec![
-                (2, "b".into(), "UPDATE_BEFORE".into()),
-                (2, "B".into(), "UPDATE_AFTER".into()),
-                (3, "c".into(), "DELETE".into()),
-                (4, "d".into(), "INSERT".into()),
-            ]
-        );
+        assert_eq!(rows, owned(&[(2, "b", "UPDATE_BEFORE"), (2, "B", "UPDATE_AFTER"), (3, "c", "DELETE"), (4, "d", "INSERT")]));
     }
 
     #[test]
@@ -820,7 +805,7 @@ mod tests {
         assert_eq!(
             rows,
             // the whole row is the key: "B" sorts before "b"
-            vec![(1, "a".into(), "DELETE".into()), (2, "B".into(), "INSERT".into()), (2, "b".into(), "DELETE".into())]
+            owned(&[(1, "a", "DELETE"), (2, "B", "INSERT"), (2, "b", "DELETE")])
         );
     }
 

@@ -121,8 +121,9 @@ pub struct KafkaSink {
 const KAFKA_SHARE: (u64, u64) = (1, 8);
 
 impl KafkaSink {
-    /// A sink for `pipeline` (its name keys the progress records).
-    pub fn new(cfg: KafkaConfig, pipeline: impl Into<String>) -> Self {
+    /// A sink for `pipeline` (its name keys the progress records), within `engine.memory_budget` = `memory_budget`
+    /// (the scan leaves [`KAFKA_SHARE`] of it to the producer).
+    pub fn new(cfg: KafkaConfig, pipeline: impl Into<String>, memory_budget: u64) -> Self {
         KafkaSink {
             cfg,
             pipeline: pipeline.into(),
@@ -136,14 +137,8 @@ impl KafkaSink {
             retries: 0,
             transactions: 0,
             aborts: 0,
-            memory_budget: crate::config::DEFAULT_MEMORY_BUDGET,
+            memory_budget,
         }
-    }
-
-    /// The engine's memory budget (`engine.memory_budget`), of which the scan leaves [`KAFKA_SHARE`] to the producer.
-    pub fn with_memory_budget(mut self, budget: u64) -> Self {
-        self.memory_budget = budget;
-        self
     }
 
     /// The source snapshot whose changes are all published, as this instance knows it.
