@@ -15,7 +15,7 @@ use arrow_schema::{DataType, Field};
 use crate::change::{self, ChangeType};
 use crate::config::KafkaFormat;
 use crate::error::{Error, Result};
-use crate::output::json_value;
+use crate::output::{json_value, push_json_str as push_str};
 
 /// Header names on every message.
 pub mod headers {
@@ -56,6 +56,8 @@ pub struct Encoder {
     pending: Option<Pending>,
     /// The bootstrap copy: rows are the table's contents (`r` messages).
     snapshot: bool,
+    /// The envelope's `ts_ms` (processing time), read once per batch: a clock read per message was ~1 % of the CPU.
+    now_ms: i64,
 }
 
 struct Pending {
@@ -77,14 +79,10 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
     batch.column_by_name(name).map(|c| c.as_ref()).ok_or_else(|| Error::Internal(format!("change batch without {name}")))
 }
 
-fn push_str(out: &mut String, s: &str) {
-    out.push_str(&serde_json::to_string(s).expect("strings serialize"));
-}
-
 impl Encoder {
     /// An encoder for rows of a table whose key columns have `key_ids`.
     pub fn new(format: KafkaFormat, tombstones: bool, schemas_enable: bool, source: SourceMeta, key_ids: Vec<i32>) -> Self {
-        Encoder { format, tombstones, schemas_enable, source, key_ids, pending: None, snapshot: false }
+        Encoder { format, tombstones, schemas_enable, source, key_ids, pending: None, snapshot: false, now_ms: 0 }
     }
 
     /// Whether the rows that follow are a bootstrap copy (`r` in Debezium).
@@ -101,6 +99,7 @@ impl Encoder {
     /// producing messages (already published). Returns the messages and the rows consumed per message (a Debezium
     /// update consumes two rows), so callers can count rows precisely.
     pub fn encode(&mut self, batch: &RecordBatch, out: &mut Vec<(Message, u64)>) -> Result<()> {
+        self.now_ms = chrono::Utc::now().timestamp_millis();
         let types = column(batch, change::CHANGE_TYPE)?.as_primitive::<Int8Type>().clone();
         let snaps = column(batch, change::COMMIT_SNAPSHOT_ID)?.as_primitive::<Int64Type>().clone();
         let seqs = column(batch, change::COMMIT_SEQUENCE_NUMBER)?.as_primitive::<Int64Type>().clone();
@@ -209,7 +208,7 @@ impl Encoder {
         op: &str,
         meta: RowMeta,
     ) -> Result<String> {
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.now_ms;
         let mut payload = String::with_capacity(256);
         payload.push_str("{\"before\":");
         payload.push_str(before.unwrap_or("null"));
@@ -268,7 +267,7 @@ fn keys(batch: &RecordBatch, cols: &[usize]) -> Vec<String> {
 /// `{"name": value, ...}` of the columns `cols` of `row` (Iceberg single-value JSON for the values); `keys` from
 /// [`keys`].
 fn object(batch: &RecordBatch, cols: &[usize], keys: &[String], row: usize) -> Result<String> {
-    let schema = batch.schema();
+    let schema = batch.schema_ref();
     let mut s = String::with_capacity(32 * cols.len() + 2);
     s.push('{');
     for (n, (i, k)) in cols.iter().zip(keys).enumerate() {
