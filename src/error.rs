@@ -178,6 +178,22 @@ impl Error {
     }
 }
 
+impl Error {
+    /// An error writing or reading the local spill file at `path`. An I/O failure there (a full disk, most often)
+    /// is the user's to fix, in `engine.spill_dir`: it names the file and takes the I/O exit code; anything else
+    /// Arrow reports stays internal.
+    pub(crate) fn spill(path: &std::path::Path, e: arrow_schema::ArrowError) -> Error {
+        match e {
+            arrow_schema::ArrowError::IoError(_, io) => Error::Io {
+                path: path.display().to_string(),
+                message: format!("spill file (engine.spill_dir needs room for it): {io}"),
+                retryable: false,
+            },
+            other => Error::from(other),
+        }
+    }
+}
+
 impl From<arrow_schema::ArrowError> for Error {
     fn from(e: arrow_schema::ArrowError) -> Self {
         Error::Internal(format!("arrow: {e}"))
@@ -193,5 +209,23 @@ impl From<parquet::errors::ParquetError> for Error {
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Error::Io { path: String::new(), message: e.to_string(), retryable: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_spill_disk_names_the_file_and_is_an_io_error() {
+        let full = std::io::Error::from_raw_os_error(28); // ENOSPC
+        let e = Error::spill(std::path::Path::new("/var/tmp/cdc-spill-1.arrow"), arrow_schema::ArrowError::from(full));
+        assert_eq!(e.exit_code(), exit::IO);
+        assert!(!e.is_retryable());
+        let msg = e.to_string();
+        assert!(msg.contains("/var/tmp/cdc-spill-1.arrow") && msg.contains("engine.spill_dir"), "{msg}");
+        // what is not I/O stays an internal error
+        let other = Error::spill(std::path::Path::new("/x"), arrow_schema::ArrowError::ComputeError("bad".into()));
+        assert_eq!(other.exit_code(), exit::INTERNAL);
     }
 }

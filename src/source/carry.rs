@@ -677,12 +677,12 @@ struct Spill {
 impl Spill {
     fn create(dir: &Path, schema: &SchemaRef) -> Result<Self> {
         let tmp = tempfile::Builder::new().prefix("cdc-carry-").suffix(".arrow").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
-        let writer = FileWriter::try_new(tmp.reopen().map_err(|e| spill_error(dir, e))?, schema)?;
+        let writer = FileWriter::try_new(tmp.reopen().map_err(|e| spill_error(dir, e))?, schema).map_err(|e| Error::spill(tmp.path(), e))?;
         Ok(Spill { tmp, writer: Some(writer), schema: schema.clone() })
     }
     fn write(&mut self, b: &RecordBatch) -> Result<()> {
         let b = canonical(b.clone(), &self.schema)?;
-        self.writer.as_mut().expect("spill written before it is read").write(&b)?;
+        self.writer.as_mut().expect("spill written before it is read").write(&b).map_err(|e| Error::spill(self.tmp.path(), e))?;
         Ok(())
     }
     fn bytes(&self) -> Result<u64> {
@@ -691,10 +691,11 @@ impl Spill {
     /// Finishes writing (once) and reads the batches back, only the columns `projection` names when given.
     fn read(&mut self, projection: Option<Vec<usize>>) -> Result<impl Iterator<Item = Result<RecordBatch>> + use<>> {
         if let Some(mut w) = self.writer.take() {
-            w.finish()?;
+            w.finish().map_err(|e| Error::spill(self.tmp.path(), e))?;
         }
-        Ok(FileReader::try_new(File::open(self.tmp.path()).map_err(|e| spill_error(self.tmp.path(), e))?, projection)?
-            .map(|b| b.map_err(Error::from)))
+        let path = self.tmp.path().to_path_buf();
+        let file = File::open(&path).map_err(|e| spill_error(&path, e))?;
+        Ok(FileReader::try_new(file, projection).map_err(|e| Error::spill(&path, e))?.map(move |b| b.map_err(|e| Error::spill(&path, e))))
     }
 }
 

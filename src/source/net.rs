@@ -194,8 +194,8 @@ impl Netter {
     /// Sorts the buffer into a run spilled to a local Arrow IPC file.
     fn spill_buffer(&mut self) -> Result<()> {
         let (tmp, mut w) = self.spill_file()?;
-        self.sort_buffer(RUN_BATCH, &mut |b| Ok(w.write(&b)?))?;
-        w.finish()?;
+        self.sort_buffer(RUN_BATCH, &mut |b| w.write(&b).map_err(|e| Error::spill(tmp.path(), e)))?;
+        w.finish().map_err(|e| Error::spill(tmp.path(), e))?;
         self.stats.spilled_runs += 1;
         self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
         self.runs.push(Run::Spilled(tmp));
@@ -205,7 +205,7 @@ impl Netter {
     fn spill_file(&self) -> Result<(tempfile::NamedTempFile, FileWriter<File>)> {
         let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
         let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
-        let w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema)?;
+        let w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema).map_err(|e| Error::spill(tmp.path(), e))?;
         Ok((tmp, w))
     }
 
@@ -277,9 +277,9 @@ impl Netter {
         let (tmp, mut w) = self.spill_file()?;
         pass.tree = loser_tree(&pass.cursors);
         while let Some(b) = pass.next_batch(self)? {
-            w.write(&b)?;
+            w.write(&b).map_err(|e| Error::spill(tmp.path(), e))?;
         }
-        w.finish()?;
+        w.finish().map_err(|e| Error::spill(tmp.path(), e))?;
         self.stats.merge_passes += 1;
         self.stats.spilled_bytes += tmp.as_file().metadata().map(|m| m.len()).unwrap_or(0);
         Ok(Run::Spilled(tmp))
@@ -485,10 +485,11 @@ impl Cursor {
         let source: Box<dyn Iterator<Item = Result<RecordBatch>> + Send> = match run {
             Run::Memory(v) => Box::new(v.into_iter().map(Ok)),
             Run::Spilled(tmp) => {
-                let f = File::open(tmp.path())?;
-                let r = FileReader::try_new(f, None)?;
+                let path = tmp.path().to_path_buf();
+                let f = File::open(&path).map_err(|e| Error::spill(&path, e.into()))?;
+                let r = FileReader::try_new(f, None).map_err(|e| Error::spill(&path, e))?;
                 // keep the temp file alive as long as the reader
-                Box::new(SpillIter { _tmp: tmp, r }.map(|b| b.map_err(Error::from)))
+                Box::new(SpillIter { _tmp: tmp, r }.map(move |b| b.map_err(|e| Error::spill(&path, e))))
             }
         };
         Ok(Cursor { source, arena: Vec::new(), offsets: Vec::new(), pos: 0, exhausted: false })
