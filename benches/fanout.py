@@ -112,7 +112,7 @@ def restore_target():
 
 
 print(f"s1={s1} (v{v1}) s2={s2} (v{top}) format={args.format} budget={args.budget}", flush=True)
-print("| run | kind | wall s | CPU s | peak RSS MB | change rows | source bytes read | spilled bytes |")
+print("| run | kind | wall s | CPU s | peak RSS MB | inserts / deletes / updates | source bytes read | spilled bytes |")
 print("|---|---|---|---|---|---|---|---|")
 for i in range(args.runs):
     for kind in args.kinds.split(","):
@@ -125,7 +125,8 @@ for i in range(args.runs):
         r = measured([args.binary, "sync", "--config", config(kind, topic, progress), "--json"])
         summary = json.loads(r["out"])
         print(
-            f"| {i + 1} | {kind} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rss']:.0f} | {summary.get('change_rows')} "
+            f"| {i + 1} | {kind} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rss']:.0f} "
+            f"| {summary.get('inserts')} / {summary.get('deletes')} / {summary.get('updates')} "
             f"| {summary.get('source_bytes_read')} | {summary.get('spilled_bytes')} |",
             flush=True,
         )

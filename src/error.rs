@@ -186,7 +186,7 @@ impl Error {
         match e {
             arrow_schema::ArrowError::IoError(_, io) => Error::Io {
                 path: path.display().to_string(),
-                message: format!("spill file (engine.spill_dir needs room for it): {io}"),
+                message: format!("{io} (a spill file: give engine.spill_dir more room or point it at a larger disk)"),
                 retryable: false,
             },
             other => Error::from(other),

@@ -231,6 +231,30 @@ async fn small_memory_budget_spills_and_gives_the_same_rows() {
     assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "spill files are removed");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spill_that_cannot_be_written_fails_with_an_io_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let names: Vec<String> = (0..60_000).map(|i| format!("customer-{i}")).collect();
+    let rows: Vec<(i64, &str, i128)> = (0..60_000).map(|i| (100 + i as i64, names[i].as_str(), i as i128)).collect();
+    let table = quickstart::commit_changes(&catalog, &table, &rows, &[]).await.unwrap();
+    let upd: Vec<(i64, &str, i128)> = rows.iter().step_by(4).map(|r| (r.0, r.1, r.2 + 1)).collect();
+    let _ = quickstart::commit_changes(&catalog, &table, &upd, &[]).await.unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let small = config(dir.path(), &sql_config(&wh, "", &format!("[engine]\nmemory_budget = \"1MiB\"\nspill_dir = \"{}\"\n", spill.display())));
+
+    // a full disk, as far as the spill files see it: files may not grow past 8 KiB (the output is a pipe, not a file)
+    let out = Command::new("bash")
+        .args(["-c", "trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"", CDC, "changes", "--config", small.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 10, "an I/O error, not an internal one: {stderr}");
+    assert!(stderr.contains(&spill.display().to_string()) && stderr.contains("engine.spill_dir"), "names the spill file and the setting: {stderr}");
+    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "spill files are removed after a failure too");
+}
+
 /// Peak RSS of a `cdc sync` (initial copy, then a snapshot updating a quarter of the rows) of a table of `rows` rows
 /// in files of 40k rows (the layout stays the same, only the table grows), as the process reports it, in MB.
 async fn sync_peak_rss_mb(dir: &Path, rows: usize, budget: &str) -> (f64, f64) {
