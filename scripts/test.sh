@@ -50,7 +50,7 @@ cargo test --locked --no-run 2>&1 | tail -3 || true
 rc=0
 with_deadline 900 bash -c 'cargo test --locked > .ci-cargo-test.log 2>&1' || rc=$?
 grep -E "^(test result|running|error|failures:|---- )" .ci-cargo-test.log || true
-if [ "$rc" -ne 0 ] || grep -qE "test result: FAILED|error(\[E[0-9]+\])?:" .ci-cargo-test.log || ! grep -q "test result: ok" .ci-cargo-test.log; then
+if [ "$rc" -ne 0 ] || grep -qE "test result: FAILED|^error(\[E[0-9]+\])?:" .ci-cargo-test.log || ! grep -q "test result: ok" .ci-cargo-test.log; then
   cat .ci-cargo-test.log >&2; echo "cargo test failed" >&2; exit 1
 fi
 rm -f .ci-cargo-test.log
