@@ -20,10 +20,11 @@ import glob
 import json
 import os
 import shutil
-import subprocess
-import tempfile
-import time
+import sys
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sync_vs_spark import measured  # noqa: E402  (wait4 of the one child)
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("warehouse")
@@ -39,20 +40,6 @@ args = ap.parse_args()
 wh, name = args.warehouse, f"orders_{args.rows}"
 src_meta = os.path.join(wh, "db", name, "metadata")
 tgt_meta = os.path.join(wh, "cdc_target", name, "metadata")
-
-
-def measured(cmd):
-    """Runs `cmd`: its wall time, CPU (user + system) and peak RSS by wait4 of that child alone, and its stdout."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.time() - t0
-        out.seek(0)
-        err.seek(0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n{err.read().decode()[-2000:]}")
-        return dict(wall=wall, cpu=ru.ru_utime + ru.ru_stime, rss=ru.ru_maxrss / 1024, out=out.read().decode())
 
 
 def versions():
@@ -122,10 +109,10 @@ for i in range(args.runs):
             record_kafka_progress_at_s1(topic, progress)
         if kind in ("both", "iceberg"):
             restore_target()
-        r = measured([args.binary, "sync", "--config", config(kind, topic, progress), "--json"])
-        summary = json.loads(r["out"])
+        wall, cpu, rss, out, _ = measured([args.binary, "sync", "--config", config(kind, topic, progress), "--json"])
+        summary = json.loads(out)
         print(
-            f"| {i + 1} | {kind} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['rss']:.0f} "
+            f"| {i + 1} | {kind} | {wall:.1f} | {cpu:.1f} | {rss:.0f} "
             f"| {summary.get('inserts')} / {summary.get('deletes')} / {summary.get('updates')} "
             f"| {summary.get('source_bytes_read')} | {summary.get('spilled_bytes')} |",
             flush=True,

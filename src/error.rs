@@ -179,11 +179,11 @@ impl Error {
 }
 
 impl Error {
-    /// An error writing or reading the local spill file at `path`. An I/O failure there (a full disk, most often)
+    /// An error writing or reading the local spill file at `path` (an `io::Error` or Arrow's). An I/O failure there (a full disk, most often)
     /// is the user's to fix, in `engine.spill_dir`: it names the file and takes the I/O exit code; anything else
     /// Arrow reports stays internal.
-    pub(crate) fn spill(path: &std::path::Path, e: arrow_schema::ArrowError) -> Error {
-        match e {
+    pub(crate) fn spill(path: &std::path::Path, e: impl Into<arrow_schema::ArrowError>) -> Error {
+        match e.into() {
             arrow_schema::ArrowError::IoError(_, io) => Error::Io {
                 path: path.display().to_string(),
                 message: format!("{io} (a spill file: give engine.spill_dir more room or point it at a larger disk)"),

@@ -216,14 +216,20 @@ fn push_digits(out: &mut String, mut v: u32, width: usize) {
     out.push_str(std::str::from_utf8(&buf[..width]).expect("ASCII digits"));
 }
 
-/// Appends the ISO form of a date, a time (with `digits` fraction digits) or both (`T` between), quoted, then
-/// `suffix` inside the quotes — written digit by digit: chrono's `format` parses its pattern and allocates for
-/// every value (~4 % of publishing Debezium messages). Returns false, appending nothing, for years outside
-/// 0..=9999, whose `%Y` form (a sign, more digits) the caller leaves to chrono.
-fn push_iso(out: &mut String, date: Option<chrono::NaiveDate>, time: Option<(chrono::NaiveTime, usize)>, suffix: &str) -> bool {
+/// Appends the ISO form of a date, a time (with `digits` fraction digits, 6 or 9) or both (`T` between), quoted,
+/// then `suffix` inside the quotes — written digit by digit: chrono's `format` parses its pattern and allocates for
+/// every value (~4 % of publishing Debezium messages). Years outside 0..=9999 take chrono's `%Y` form (a sign, more
+/// digits).
+fn push_iso(out: &mut String, date: Option<chrono::NaiveDate>, time: Option<(chrono::NaiveTime, usize)>, suffix: &str) {
     use chrono::{Datelike, Timelike};
-    if date.is_some_and(|d| !(0..=9999).contains(&d.year())) {
-        return false;
+    if let Some(d) = date.filter(|d| !(0..=9999).contains(&d.year())) {
+        let mut s = match time {
+            Some((t, 9)) => d.and_time(t).format("%Y-%m-%dT%H:%M:%S%.9f").to_string(),
+            Some((t, _)) => d.and_time(t).format("%Y-%m-%dT%H:%M:%S%.6f").to_string(),
+            None => d.format("%Y-%m-%d").to_string(),
+        };
+        s.push_str(suffix);
+        return push_json_str(out, &s);
     }
     out.push('"');
     if let Some(d) = date {
@@ -248,7 +254,6 @@ fn push_iso(out: &mut String, date: Option<chrono::NaiveDate>, time: Option<(chr
     }
     out.push_str(suffix);
     out.push('"');
-    true
 }
 
 fn field_key(f: &Field) -> String {
@@ -302,9 +307,7 @@ pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize
         DataType::Date32 => {
             let d = chrono::DateTime::from_timestamp(array.as_primitive::<Date32Type>().value(row) as i64 * 86_400, 0)
                 .ok_or_else(|| Error::Internal("date out of range".into()))?;
-            if !push_iso(out, Some(d.date_naive()), None, "") {
-                push_json_str(out, &d.format("%Y-%m-%d").to_string());
-            }
+            push_iso(out, Some(d.date_naive()), None, "");
         }
         DataType::Time64(TimeUnit::Microsecond) => {
             let us = array.as_primitive::<Time64MicrosecondType>().value(row);
@@ -320,16 +323,7 @@ pub fn json_value(out: &mut String, array: &dyn Array, field: &Field, row: usize
                 TimeUnit::Second => (chrono::DateTime::from_timestamp(array.as_primitive::<TimestampSecondType>().value(row), 0), 6),
             };
             let dt = dt.ok_or_else(|| Error::Internal("timestamp out of range".into()))?.naive_utc();
-            let suffix = if tz.is_some() { "+00:00" } else { "" };
-            if push_iso(out, Some(dt.date()), Some((dt.time(), digits)), suffix) {
-                return Ok(());
-            }
-            let fmt = if digits == 9 { "%Y-%m-%dT%H:%M:%S%.9f" } else { "%Y-%m-%dT%H:%M:%S%.6f" };
-            let mut s = dt.format(fmt).to_string();
-            if tz.is_some() {
-                s.push_str("+00:00");
-            }
-            push_json_str(out, &s);
+            push_iso(out, Some(dt.date()), Some((dt.time(), digits)), if tz.is_some() { "+00:00" } else { "" });
         }
         DataType::Utf8 => push_json_str(out, array.as_string::<i32>().value(row)),
         DataType::LargeUtf8 => push_json_str(out, array.as_string::<i64>().value(row)),

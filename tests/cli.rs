@@ -207,19 +207,31 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn small_memory_budget_spills_and_gives_the_same_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+/// A table of 60 000 rows, then a snapshot updating a quarter of them, and a config whose 1 MiB budget makes
+/// `cdc changes` of it spill to `spill`.
+struct SpillingTable {
+    wh: PathBuf,
+    small: PathBuf,
+    spill: PathBuf,
+}
+
+async fn spilling_table(dir: &Path) -> SpillingTable {
+    let (catalog, table, wh) = quickstart_table(dir).await;
     let names: Vec<String> = (0..60_000).map(|i| format!("customer-{i}")).collect();
     let rows: Vec<(i64, &str, i128)> = (0..60_000).map(|i| (100 + i as i64, names[i].as_str(), i as i128)).collect();
     let table = quickstart::commit_changes(&catalog, &table, &rows, &[]).await.unwrap();
     let upd: Vec<(i64, &str, i128)> = rows.iter().step_by(4).map(|r| (r.0, r.1, r.2 + 1)).collect();
     let _ = quickstart::commit_changes(&catalog, &table, &upd, &[]).await.unwrap();
-
-    let spill = dir.path().join("spill");
+    let spill = dir.join("spill");
     std::fs::create_dir_all(&spill).unwrap();
-    let small = config(dir.path(), &sql_config(&wh, "", &format!("[engine]\nmemory_budget = \"1MiB\"\nspill_dir = \"{}\"\n", spill.display())));
+    let small = config(dir, &sql_config(&wh, "", &format!("[engine]\nmemory_budget = \"1MiB\"\nspill_dir = \"{}\"\n", spill.display())));
+    SpillingTable { wh, small, spill }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn small_memory_budget_spills_and_gives_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let SpillingTable { wh, small, spill } = spilling_table(dir.path()).await;
     let big = config(dir.path(), &sql_config(&wh, "", ""));
     let out_small = cdc(&["changes", "--config", small.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out_small.stderr).to_string();
@@ -234,19 +246,12 @@ async fn small_memory_budget_spills_and_gives_the_same_rows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spill_that_cannot_be_written_fails_with_an_io_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (catalog, table, wh) = quickstart_table(dir.path()).await;
-    let names: Vec<String> = (0..60_000).map(|i| format!("customer-{i}")).collect();
-    let rows: Vec<(i64, &str, i128)> = (0..60_000).map(|i| (100 + i as i64, names[i].as_str(), i as i128)).collect();
-    let table = quickstart::commit_changes(&catalog, &table, &rows, &[]).await.unwrap();
-    let upd: Vec<(i64, &str, i128)> = rows.iter().step_by(4).map(|r| (r.0, r.1, r.2 + 1)).collect();
-    let _ = quickstart::commit_changes(&catalog, &table, &upd, &[]).await.unwrap();
-    let spill = dir.path().join("spill");
-    std::fs::create_dir_all(&spill).unwrap();
-    let small = config(dir.path(), &sql_config(&wh, "", &format!("[engine]\nmemory_budget = \"1MiB\"\nspill_dir = \"{}\"\n", spill.display())));
+    let SpillingTable { small, spill, .. } = spilling_table(dir.path()).await;
 
-    // a full disk, as far as the spill files see it: files may not grow past 8 KiB (the output is a pipe, not a file)
+    // a full disk, as far as the spill files see it: no file may grow past 256 KiB — room for the sqlite catalog's
+    // writes (tens of KiB), not for the spill files (MiBs); the output is a pipe, not a file
     let out = Command::new("bash")
-        .args(["-c", "trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\"", CDC, "changes", "--config", small.to_str().unwrap()])
+        .args(["-c", "trap '' XFSZ; ulimit -f 256; exec \"$0\" \"$@\"", CDC, "changes", "--config", small.to_str().unwrap()])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

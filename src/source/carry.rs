@@ -541,13 +541,13 @@ struct RowList {
 
 impl RowList {
     fn create(dir: &Path) -> Result<Self> {
-        let tmp = tempfile::Builder::new().prefix("cdc-carry-rows-").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
-        let file = std::io::BufWriter::with_capacity(LIST_BUFFER, tmp.reopen().map_err(|e| spill_error(dir, e))?);
+        let tmp = tempfile::Builder::new().prefix("cdc-carry-rows-").tempfile_in(dir).map_err(|e| Error::spill(dir, e))?;
+        let file = std::io::BufWriter::with_capacity(LIST_BUFFER, tmp.reopen().map_err(|e| Error::spill(dir, e))?);
         Ok(RowList { tmp, file: Some(file), rows: 0 })
     }
     fn push(&mut self, row: u32) -> Result<()> {
         let f = self.file.as_mut().expect("rows listed before they are read");
-        f.write_all(&row.to_le_bytes()).map_err(|e| spill_error(self.tmp.path(), e))?;
+        f.write_all(&row.to_le_bytes()).map_err(|e| Error::spill(self.tmp.path(), e))?;
         self.rows += 1;
         Ok(())
     }
@@ -571,10 +571,10 @@ impl RowMerge {
         for mut l in lists.into_iter().filter(|l| l.rows > 0) {
             let path = l.tmp.path().to_path_buf();
             if let Some(f) = l.file.take() {
-                f.into_inner().map_err(|e| spill_error(&path, e.into_error()))?;
+                f.into_inner().map_err(|e| Error::spill(&path, e.into_error()))?;
             }
             m.bytes += l.rows * 4;
-            let r = BufReader::with_capacity(LIST_BUFFER, File::open(&path).map_err(|e| spill_error(&path, e))?);
+            let r = BufReader::with_capacity(LIST_BUFFER, File::open(&path).map_err(|e| Error::spill(&path, e))?);
             m.readers.push((r, l.rows, l.tmp));
             let i = m.readers.len() - 1;
             m.pull(i)?;
@@ -588,7 +588,7 @@ impl RowMerge {
             return Ok(());
         }
         let mut b = [0u8; 4];
-        r.read_exact(&mut b).map_err(|e| spill_error(tmp.path(), e))?;
+        r.read_exact(&mut b).map_err(|e| Error::spill(tmp.path(), e))?;
         *left -= 1;
         self.heads.push(std::cmp::Reverse((u32::from_le_bytes(b), i)));
         Ok(())
@@ -619,8 +619,8 @@ const FP_BUFFER: usize = 64 << 10;
 
 impl FpFile {
     fn create(dir: &Path) -> Result<Self> {
-        let tmp = tempfile::Builder::new().prefix("cdc-carry-fp-").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
-        let file = tmp.reopen().map_err(|e| spill_error(dir, e))?;
+        let tmp = tempfile::Builder::new().prefix("cdc-carry-fp-").tempfile_in(dir).map_err(|e| Error::spill(dir, e))?;
+        let file = tmp.reopen().map_err(|e| Error::spill(dir, e))?;
         Ok(FpFile { tmp, file: Some(file), buf: Vec::with_capacity(FP_BUFFER), bytes: 0 })
     }
     #[inline]
@@ -635,7 +635,7 @@ impl FpFile {
     }
     fn flush(&mut self) -> Result<()> {
         let f = self.file.as_mut().expect("fingerprints written before they are read");
-        f.write_all(&self.buf).map_err(|e| spill_error(self.tmp.path(), e))?;
+        f.write_all(&self.buf).map_err(|e| Error::spill(self.tmp.path(), e))?;
         self.buf.clear();
         Ok(())
     }
@@ -646,7 +646,7 @@ impl FpFile {
             self.file = None;
             self.buf = Vec::new();
         }
-        let err = |e| spill_error(self.tmp.path(), e);
+        let err = |e| Error::spill(self.tmp.path(), e);
         let mut r = BufReader::with_capacity(ENTRY_BYTES * ENTRIES_PER_READ, File::open(self.tmp.path()).map_err(err)?);
         let mut buf = vec![0u8; ENTRY_BYTES * ENTRIES_PER_READ];
         let (mut fps, mut rows) = (Vec::with_capacity(ENTRIES_PER_READ), Vec::with_capacity(ENTRIES_PER_READ));
@@ -676,8 +676,8 @@ struct Spill {
 
 impl Spill {
     fn create(dir: &Path, schema: &SchemaRef) -> Result<Self> {
-        let tmp = tempfile::Builder::new().prefix("cdc-carry-").suffix(".arrow").tempfile_in(dir).map_err(|e| spill_error(dir, e))?;
-        let writer = FileWriter::try_new(tmp.reopen().map_err(|e| spill_error(dir, e))?, schema).map_err(|e| Error::spill(tmp.path(), e))?;
+        let tmp = tempfile::Builder::new().prefix("cdc-carry-").suffix(".arrow").tempfile_in(dir).map_err(|e| Error::spill(dir, e))?;
+        let writer = FileWriter::try_new(tmp.reopen().map_err(|e| Error::spill(dir, e))?, schema).map_err(|e| Error::spill(tmp.path(), e))?;
         Ok(Spill { tmp, writer: Some(writer), schema: schema.clone() })
     }
     fn write(&mut self, b: &RecordBatch) -> Result<()> {
@@ -686,7 +686,7 @@ impl Spill {
         Ok(())
     }
     fn bytes(&self) -> Result<u64> {
-        Ok(self.tmp.as_file().metadata().map_err(|e| spill_error(self.tmp.path(), e))?.len())
+        Ok(self.tmp.as_file().metadata().map_err(|e| Error::spill(self.tmp.path(), e))?.len())
     }
     /// Finishes writing (once) and reads the batches back, only the columns `projection` names when given.
     fn read(&mut self, projection: Option<Vec<usize>>) -> Result<impl Iterator<Item = Result<RecordBatch>> + use<>> {
@@ -694,13 +694,9 @@ impl Spill {
             w.finish().map_err(|e| Error::spill(self.tmp.path(), e))?;
         }
         let path = self.tmp.path().to_path_buf();
-        let file = File::open(&path).map_err(|e| spill_error(&path, e))?;
+        let file = File::open(&path).map_err(|e| Error::spill(&path, e))?;
         Ok(FileReader::try_new(file, projection).map_err(|e| Error::spill(&path, e))?.map(move |b| b.map_err(|e| Error::spill(&path, e))))
     }
-}
-
-fn spill_error(path: &Path, e: std::io::Error) -> Error {
-    Error::Io { path: path.display().to_string(), message: format!("carry-over spill: {e}"), retryable: false }
 }
 
 #[cfg(test)]

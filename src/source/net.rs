@@ -203,7 +203,7 @@ impl Netter {
     }
 
     fn spill_file(&self) -> Result<(tempfile::NamedTempFile, FileWriter<File>)> {
-        let io = |e: std::io::Error| Error::Io { path: self.spill_dir.display().to_string(), message: format!("spill: {e}"), retryable: false };
+        let io = |e: std::io::Error| Error::spill(&self.spill_dir, e);
         let tmp = tempfile::Builder::new().prefix("cdc-spill-").suffix(".arrow").tempfile_in(&self.spill_dir).map_err(io)?;
         let w = FileWriter::try_new(tmp.reopen().map_err(io)?, &self.sided_schema).map_err(|e| Error::spill(tmp.path(), e))?;
         Ok((tmp, w))
@@ -486,7 +486,7 @@ impl Cursor {
             Run::Memory(v) => Box::new(v.into_iter().map(Ok)),
             Run::Spilled(tmp) => {
                 let path = tmp.path().to_path_buf();
-                let f = File::open(&path).map_err(|e| Error::spill(&path, e.into()))?;
+                let f = File::open(&path).map_err(|e| Error::spill(&path, e))?;
                 let r = FileReader::try_new(f, None).map_err(|e| Error::spill(&path, e))?;
                 // keep the temp file alive as long as the reader
                 Box::new(SpillIter { _tmp: tmp, r }.map(move |b| b.map_err(|e| Error::spill(&path, e))))

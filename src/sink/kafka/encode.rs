@@ -210,9 +210,7 @@ impl Encoder {
         let images = before.map_or(4, str::len) + after.map_or(4, str::len);
         // sized for the whole message: growing it would copy the images again
         let mut s = String::with_capacity(self.schema_prefix.len() + images + self.source.namespace.len() + self.source.table.len() + 320);
-        if self.schemas_enable {
-            s.push_str(&self.schema_prefix);
-        }
+        s.push_str(&self.schema_prefix); // empty without schemas_enable
         s.push_str("{\"before\":");
         s.push_str(before.unwrap_or("null"));
         s.push_str(",\"after\":");
