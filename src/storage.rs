@@ -146,7 +146,7 @@ impl StorageCredentials for GoogleStorageToken {
 /// Sends OpenDAL's GCS requests with the bearer token of this moment (every attempt, retries included), and once more
 /// with a renewed token after a 401. Operators therefore live as long as the FileIO while tokens come and go.
 struct BearerFetch {
-    inner: opendal::raw::HttpClient,
+    inner: opendal::HttpTransporter,
     credentials: Arc<dyn StorageCredentials>,
 }
 
@@ -170,8 +170,8 @@ impl BearerFetch {
     }
 }
 
-impl opendal::raw::HttpFetch for BearerFetch {
-    async fn fetch(&self, mut req: http::Request<opendal::Buffer>) -> opendal::Result<http::Response<opendal::raw::HttpBody>> {
+impl opendal::HttpTransport for BearerFetch {
+    async fn fetch(&self, mut req: http::Request<opendal::Buffer>) -> opendal::Result<http::Response<opendal::HttpBody>> {
         // keep what is needed to send it again (the body is a cheap, shared buffer)
         let (method, uri, headers, body) = (req.method().clone(), req.uri().clone(), req.headers().clone(), req.body().clone());
         self.authorize(&mut req).await?;
@@ -380,11 +380,11 @@ fn build_operator(
             if truthy(p.get(props::GCS_NO_AUTH)) || bearer.is_some() {
                 cfg.skip_signature = true;
             }
-            let op = Operator::from_config(cfg).map_err(err)?.finish();
+            let op = Operator::from_config(cfg).map_err(err)?;
             match bearer {
                 Some(credentials) => {
-                    let fetch = BearerFetch { inner: opendal::raw::HttpClient::new().map_err(err)?, credentials };
-                    op.layer(opendal::layers::HttpClientLayer::new(opendal::raw::HttpClient::with(fetch)))
+                    let fetch = BearerFetch { inner: opendal::HttpTransporter::default(), credentials };
+                    op.with_context(opendal::OperationContext::new().with_http_transport(opendal::HttpTransporter::new(fetch)))
                 }
                 None => op,
             }
@@ -399,7 +399,7 @@ fn build_operator(
             cfg.session_token = p.get(props::S3_SESSION_TOKEN).cloned();
             cfg.enable_virtual_host_style = p.get(props::S3_PATH_STYLE).is_some_and(|v| v.eq_ignore_ascii_case("false"));
             cfg.disable_config_load = cfg.access_key_id.is_some();
-            Operator::from_config(cfg).map_err(err)?.finish()
+            Operator::from_config(cfg).map_err(err)?
         }
         Scheme::Local => unreachable!("local paths do not use an operator"),
     };

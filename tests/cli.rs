@@ -1177,3 +1177,136 @@ fn secrets_stay_out_of_logs_and_errors() {
         assert!(!all.contains(secret), "{cmd} leaked a secret: {all}");
     }
 }
+
+/// Whether every hadoop target `replica.t0` … `replica.t{n-1}` records `head` as its progress; the ones that do not.
+async fn targets_behind(target_wh: &Path, n: usize, source_uuid: &str, head: i64) -> Vec<usize> {
+    let cfg = Config::parse(&format!("[source]\ntable = \"replica.t0\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display())).unwrap();
+    let cat = Catalog::connect(&cfg.source.catalog, "t").await.unwrap();
+    let mut behind = Vec::new();
+    for i in 0..n {
+        let at = match cat.load_table(&format!("replica.t{i}")).await {
+            Ok(t) => iceberg_cdc::sink::iceberg::progress::read(t.metadata(), source_uuid).map(|p| p.source_snapshot_id),
+            Err(_) => None,
+        };
+        if at != Some(head) {
+            behind.push(i);
+        }
+    }
+    behind
+}
+
+/// More pipelines than Tokio's blocking pool holds threads (512, where each loop once held one for good and loop 513
+/// waited forever while the service said "ready"): every pipeline runs, catches up, and follows a later commit; the
+/// startup log, `cdc check` and /metrics count them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_pipeline_runs_whatever_their_number() {
+    const N: usize = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let port = free_port();
+    let names: Vec<(String, String)> = (0..N).map(|i| (format!("p{i}"), format!("replica.t{i}"))).collect();
+    let pipelines: Vec<(&str, &str, &str)> = names.iter().map(|(p, t)| (p.as_str(), quickstart::TABLE, t.as_str())).collect();
+    let cfg = dir.path().join("service.toml");
+    std::fs::write(&cfg, service_toml(&wh, &tw, port, &pipelines).replace("poll_interval = \"200ms\"", "poll_interval = \"2s\"")).unwrap();
+
+    let check = cdc(&["check", "--config", cfg.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(out.contains(&format!("{N} pipelines, {N} loops")) && out.contains(&format!("{N} ok, 0 failed")), "{}", out.lines().last().unwrap_or(""));
+
+    let mut child = Command::new(CDC)
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("service.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    let uuid = table.metadata().uuid().to_string();
+    let head = table.metadata().current_snapshot_id().unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(400);
+    let mut behind = targets_behind(&tw, N, &uuid, head).await;
+    while !behind.is_empty() && std::time::Instant::now() < end {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        behind = targets_behind(&tw, N, &uuid, head).await;
+    }
+    assert!(behind.is_empty(), "{} of {N} targets never caught up (first: {:?})\n{}", behind.len(), &behind[..behind.len().min(5)], log().lines().take(40).collect::<Vec<_>>().join("\n"));
+    assert!(log().contains(&format!("pipelines={N} loops={N} started={N}")), "{}", log().lines().take(5).collect::<Vec<_>>().join("\n"));
+    let m = http_get(port, "/metrics").1;
+    assert_eq!(metric(&m, "cdc_pipelines_running", ""), Some(N as f64), "{}", m.lines().filter(|l| l.starts_with("cdc_pipelines")).collect::<Vec<_>>().join("\n"));
+    assert_eq!(metric(&m, "cdc_pipelines_configured", ""), Some(N as f64));
+
+    // every loop keeps polling: a new source commit reaches all of them
+    let t = quickstart::commit_changes(&catalog, &table, &[(900, "all", 9)], &[1]).await.unwrap();
+    let head = t.metadata().current_snapshot_id().unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(400);
+    behind = targets_behind(&tw, N, &uuid, head).await;
+    while !behind.is_empty() && std::time::Instant::now() < end {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        behind = targets_behind(&tw, N, &uuid, head).await;
+    }
+    assert!(behind.is_empty(), "{} of {N} targets did not follow the commit (first: {:?})", behind.len(), &behind[..behind.len().min(5)]);
+    assert!(caught_up(&tw, &format!("replica.t{}", N - 1), &t).await);
+    assert!(wait_until(30, || http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 30, log).success(), "{}", log());
+}
+
+/// A pipeline starved on purpose (its target's version hint is a FIFO with no writer: reading it blocks the loop's
+/// thread for good): after `stall_timeout` it fails /readyz and /healthz by name, counts in
+/// `cdc_pipeline_overdue`, stops the watchdog and is logged — while the other pipeline stays on schedule; released, it
+/// is back on schedule.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_starved_pipeline_fails_readiness_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, _table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let meta = tw.join("replica").join("stuck").join("metadata");
+    std::fs::create_dir_all(&meta).unwrap();
+    let fifo = meta.join("version-hint.text");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    let body = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders"), ("stuck", quickstart::TABLE, "replica.stuck")])
+        .replace("[service]\n", "[service]\nstall_timeout = \"2s\"\n");
+    std::fs::write(&cfg, body).unwrap();
+    let notify = Notifications::bind(&dir.path().join("notify.sock"));
+    let mut child = Command::new(CDC)
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("service.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "{}", log());
+    assert!(wait_until(15, || http_get(port, "/readyz").1.contains("stuck (iceberg:replica.stuck): no progress")), "{}", http_get(port, "/readyz").1);
+    let (code, body) = http_get(port, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(!body.contains("orders"), "the healthy pipeline is reported too: {body}");
+    let (code, body) = http_get(port, "/healthz");
+    assert!(code == 503 && body.contains("stuck"), "{code} {body}");
+    assert!(wait_until(10, || metric(&http_get(port, "/metrics").1, "cdc_pipeline_overdue", "pipeline=\"stuck\"") == Some(1.0)));
+    assert_eq!(metric(&http_get(port, "/metrics").1, "cdc_pipeline_overdue", "pipeline=\"orders\""), Some(0.0));
+    assert!(wait_until(10, || log().contains("pipeline overdue")), "{}", log());
+    // the watchdog is no longer fed
+    let fed = || notify.got.lock().unwrap().iter().filter(|m| m.lines().any(|l| l == "WATCHDOG=1")).count();
+    let before = fed();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(fed(), before, "the watchdog is still fed while a pipeline is stuck");
+
+    // released (the FIFO goes, its reader reads nothing): back on schedule, and the target is created and catches up
+    let writer = std::thread::spawn(move || {
+        let w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        std::fs::remove_file(&fifo).unwrap();
+        drop(w);
+    });
+    assert!(wait_until(20, || log().contains("pipeline back on schedule")), "{}", log());
+    writer.join().unwrap();
+    assert!(wait_caught_up(&tw, "replica.stuck", &catalog, 30).await, "{}", log());
+    assert!(wait_until(10, || http_get(port, "/healthz").0 == 200 && http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}

@@ -42,8 +42,8 @@ pub struct ServiceSettings {
     /// How long SIGTERM waits for in-flight commits before the process exits anyway.
     #[serde(default = "default_shutdown", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// A pipeline that makes no progress (no poll finished) for this long is stuck: the systemd watchdog stops
-    /// being fed and `/healthz` fails, so systemd restarts the service.
+    /// A poll that makes no progress (no commit) for this long is stuck: the loop is overdue, the systemd watchdog
+    /// stops being fed and `/healthz` fails, so systemd restarts the service.
     #[serde(default = "default_stall", with = "humantime_serde")]
     pub stall_timeout: Duration,
 }

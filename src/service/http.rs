@@ -57,29 +57,34 @@ async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration
     let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
         ("GET", "/metrics") => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", t.encode()),
         ("GET", "/healthz") => {
-            let stuck: Vec<String> = t
-                .statuses()
-                .into_iter()
-                .filter(|(_, s)| s.heartbeat.elapsed() > stall)
-                .map(|(l, s)| format!("{} ({}): no progress for {:.0}s", l.pipeline, l.sink, s.heartbeat.elapsed().as_secs_f64()))
-                .collect();
-            if stuck.is_empty() {
+            // liveness: every loop runs on schedule (a failing poll is still a loop that runs)
+            let overdue: Vec<String> = t.overdue(stall).into_iter().map(|(l, why)| format!("{} ({}): {why}", l.pipeline, l.sink)).collect();
+            if overdue.is_empty() {
                 ("200 OK", "text/plain", "ok\n".to_string())
             } else {
-                ("503 Service Unavailable", "text/plain", stuck.join("\n") + "\n")
+                ("503 Service Unavailable", "text/plain", overdue.join("\n") + "\n")
             }
         }
         ("GET", "/readyz") => {
+            // readiness: every loop runs on schedule and its last poll succeeded
             let statuses = t.statuses();
+            let now = std::time::Instant::now();
             let failing: Vec<String> = statuses
                 .iter()
-                .filter(|(_, s)| !s.healthy)
-                .map(|(l, s)| format!("{} ({}): {}", l.pipeline, l.sink, s.last_error.as_deref().unwrap_or("no successful poll yet")))
+                .filter_map(|(l, s)| {
+                    let why = match s.overdue(now, stall) {
+                        Some(late) => late,
+                        None if s.healthy => return None,
+                        None if !s.started => "not started".to_string(),
+                        None => s.last_error.clone().unwrap_or_else(|| "no successful poll yet".to_string()),
+                    };
+                    Some(format!("{} ({}): {why}", l.pipeline, l.sink))
+                })
                 .collect();
-            if failing.is_empty() && !statuses.is_empty() {
-                ("200 OK", "text/plain", "ready\n".to_string())
-            } else if statuses.is_empty() {
+            if statuses.is_empty() {
                 ("503 Service Unavailable", "text/plain", "no pipelines\n".to_string())
+            } else if failing.is_empty() {
+                ("200 OK", "text/plain", "ready\n".to_string())
             } else {
                 ("503 Service Unavailable", "text/plain", failing.join("\n") + "\n")
             }

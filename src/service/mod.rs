@@ -65,11 +65,14 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
         }
     }
     let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
+    let mut started = 0;
     for r in cfg.runs() {
-        start(&mut running, r, &telemetry);
+        started += usize::from(start(&mut running, r, &telemetry));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    tracing::info!(pipelines = running.len(), config = %path.display(), "cdc service ready");
+    tracing::info!(pipelines = cfg.pipelines.len(), loops = running.len(), started, config = %path.display(), "cdc service ready");
+    // loops behind their schedule at the last tick, and why
+    let mut overdue = BTreeMap::new();
 
     // feed the watchdog at half its interval
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
@@ -84,9 +87,10 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
         tokio::select! {
             _ = tick.tick() => {
                 let statuses = telemetry.statuses();
-                let stuck = statuses.iter().filter(|(_, s)| s.heartbeat.elapsed() > settings.stall_timeout).count();
-                // A stuck loop must get the service restarted: stop feeding the watchdog.
-                if watchdog.is_some() && stuck == 0 {
+                telemetry.schedule_checked(&telemetry.overdue(settings.stall_timeout), &mut overdue);
+                // A loop behind its schedule (stuck in a poll, never started, starved) must get the service
+                // restarted: stop feeding the watchdog.
+                if watchdog.is_some() && overdue.is_empty() {
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
                 }
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(&status_line(&statuses))]);
@@ -107,7 +111,7 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
                     Ok(new) => {
                         settings = new.service.clone();
                         reload(&mut running, new.runs(), &telemetry).await;
-                        tracing::info!(pipelines = running.len(), "configuration reloaded");
+                        tracing::info!(loops = running.len(), "configuration reloaded");
                     }
                 }
             }
@@ -144,15 +148,40 @@ fn status_line(statuses: &[(RunLabels, telemetry::RunStatus)]) -> String {
     format!("{} pipelines, {failing} failing, max lag {max_lag:.1}s, {behind} snapshots behind", statuses.len())
 }
 
-fn start(running: &mut BTreeMap<(String, String), Running>, run: Run, telemetry: &Arc<Telemetry>) {
+/// Starts `run`'s loop on a thread of its own; returns whether the thread started (if not, the loop is "not started"
+/// and the tick retries it).
+///
+/// The changelog scan's futures are not `Send` (and sort/encode work is CPU-heavy), so a loop cannot be a task on the
+/// runtime's workers: it drives its futures with the runtime's handle from a dedicated OS thread. Not from Tokio's
+/// blocking pool: that pool is capped (512 threads by default) and a loop holds its thread for good, so loop 513
+/// would wait in the pool's queue forever while the service reports itself ready.
+fn start(running: &mut BTreeMap<(String, String), Running>, run: Run, telemetry: &Arc<Telemetry>) -> bool {
     let (stop, rx) = watch::channel(false);
     let key = (run.pipeline.clone(), run.sink.clone());
-    // The changelog scan's futures are not `Send` (and sort/encode work is CPU-heavy): each loop runs on a blocking
-    // thread of its own, driving its futures with the runtime's handle, so the async workers stay free.
+    let labels = RunLabels { pipeline: run.pipeline.clone(), sink: run.sink.clone() };
+    telemetry.registered(&labels);
     let handle = tokio::runtime::Handle::current();
     let (r, t) = (run.clone(), telemetry.clone());
-    let task = tokio::task::spawn_blocking(move || handle.block_on(pipeline_loop(r, rx, t)));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new().name(format!("cdc-{}", run.pipeline)).spawn(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.block_on(pipeline_loop(r, rx, t))));
+        let _ = done_tx.send(outcome);
+    });
+    let started = match spawned {
+        Ok(_) => true,
+        Err(e) => {
+            telemetry.start_failed(&labels, &format!("cannot start a thread for it: {e}"));
+            false
+        }
+    };
+    // the task ends when the loop does, with the loop's panic if it panicked (the tick restarts it)
+    let task = tokio::spawn(async move {
+        if let Ok(Err(panic)) = done_rx.await {
+            std::panic::resume_unwind(panic);
+        }
+    });
     running.insert(key, Running { run, stop, task });
+    started
 }
 
 /// Applies a reloaded configuration: removed loops stop after their in-flight commit, changed ones restart, new ones
@@ -208,6 +237,7 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         if *stop.borrow() {
             break;
         }
+        telemetry.poll_began(&labels);
         let polled = match (&cfg.kafka, &cfg.target) {
             (Some(k), Some(_)) => poll_fanout(&cfg, k, &run, &mut fan, &stop, &cache, &labels, &telemetry).await,
             (Some(k), None) => poll_kafka(&cfg, k, &run, &mut kafka, &stop, &cache, &labels, &telemetry).await,
@@ -241,6 +271,7 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
                 wait
             }
         };
+        telemetry.waiting(&labels, wait);
         if sleep_or_stop(&mut stop, wait).await {
             break;
         }
@@ -398,8 +429,9 @@ fn pending_snapshots(meta: &iceberg::spec::TableMetadata, progress: Option<i64>)
 /// failed.
 pub async fn check(path: &Path) -> Result<bool> {
     let cfg = ServiceConfig::load(path)?;
-    let mut ok = true;
-    for r in cfg.runs() {
+    let runs = cfg.runs();
+    let mut failed = 0;
+    for r in &runs {
         let line = async {
             let s = Catalog::connect(&r.config.source.catalog, "source").await?;
             let source = s.load_table(&r.config.source.table).await?;
@@ -428,10 +460,16 @@ pub async fn check(path: &Path) -> Result<bool> {
         match line {
             Ok(l) => println!("ok    {} ({}): {l}", r.pipeline, r.sink),
             Err(e) => {
-                ok = false;
+                failed += 1;
                 println!("FAIL  {} ({}): {e}", r.pipeline, r.sink);
             }
         }
     }
-    Ok(ok)
+    println!(
+        "{} pipelines, {} loops (one per sink; `cdc run` starts every one): {} ok, {failed} failed",
+        cfg.pipelines.len(),
+        runs.len(),
+        runs.len() - failed
+    );
+    Ok(failed == 0)
 }

@@ -41,6 +41,10 @@ struct ErrorLabels {
 
 type HistogramFamily = Family<RunLabels, Histogram, fn() -> Histogram>;
 
+/// How late a loop may be beyond its schedule (a poll due, a loop to start) before it counts as overdue: generous,
+/// since an overdue loop stops the systemd watchdog and so restarts the service.
+pub(crate) const LIVENESS_SLACK: Duration = Duration::from_secs(30);
+
 /// What `/healthz`, `/readyz`, the watchdog and `STATUS=` read about one pipeline.
 #[derive(Debug, Clone)]
 pub struct RunStatus {
@@ -49,10 +53,59 @@ pub struct RunStatus {
     /// Stopped for good (a permanent error); stays visible until the configuration changes.
     pub stopped: bool,
     pub last_error: Option<String>,
-    /// When the loop last showed progress (a poll finished, a commit landed).
+    /// When the loop last showed progress (a poll began or finished, a commit landed).
     pub heartbeat: Instant,
     pub lag_seconds: f64,
     pub lag_snapshots: u64,
+    /// The loop is running (its thread started); false from configuration until then.
+    pub started: bool,
+    /// When the service configured the loop.
+    pub registered: Instant,
+    /// A poll is under way.
+    pub polling: bool,
+    /// When the next poll is due (the loop is sleeping until then).
+    pub next_poll: Instant,
+    /// Why the loop could not start, when it could not.
+    pub start_error: Option<String>,
+}
+
+impl RunStatus {
+    fn new(now: Instant) -> RunStatus {
+        RunStatus {
+            healthy: false,
+            stopped: false,
+            last_error: None,
+            heartbeat: now,
+            lag_seconds: 0.0,
+            lag_snapshots: 0,
+            started: false,
+            registered: now,
+            polling: false,
+            next_poll: now,
+            start_error: None,
+        }
+    }
+
+    /// Why the loop is behind its own schedule at `now`, if it is: not started within [`LIVENESS_SLACK`] of being
+    /// configured, a poll running without progress for longer than `stall`, or a poll not begun within
+    /// [`LIVENESS_SLACK`] of being due (a loop starved of a thread or stuck outside a poll). A loop stopped by a
+    /// permanent error is failed, not late: it waits for a reload by design.
+    pub fn overdue(&self, now: Instant, stall: Duration) -> Option<String> {
+        let since = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
+        if self.stopped {
+            None
+        } else if !self.started {
+            (now.saturating_duration_since(self.registered) > LIVENESS_SLACK).then(|| match &self.start_error {
+                Some(e) => format!("not started for {:.0}s: {e}", since(self.registered)),
+                None => format!("not started for {:.0}s", since(self.registered)),
+            })
+        } else if self.polling {
+            (now.saturating_duration_since(self.heartbeat) > stall)
+                .then(|| format!("no progress for {:.0}s in a poll (service.stall_timeout {:?})", since(self.heartbeat), stall))
+        } else {
+            (now.saturating_duration_since(self.next_poll) > LIVENESS_SLACK).then(|| format!("poll overdue by {:.0}s", since(self.next_poll)))
+        }
+    }
 }
 
 pub struct Telemetry {
@@ -71,6 +124,9 @@ pub struct Telemetry {
     files: Family<RunLabels, Counter>,
     polls: Family<RunLabels, Counter>,
     healthy: Family<RunLabels, Gauge>,
+    overdue: Family<RunLabels, Gauge>,
+    configured: Gauge,
+    running: Gauge,
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
 }
 
@@ -96,6 +152,9 @@ impl Telemetry {
             files: Family::default(),
             polls: Family::default(),
             healthy: Family::default(),
+            overdue: Family::default(),
+            configured: Gauge::default(),
+            running: Gauge::default(),
             status: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -133,36 +192,101 @@ impl Telemetry {
         registry.register("cdc_written_files", "Data and delete files written", t.files.clone());
         registry.register("cdc_polls", "Polls of the source", t.polls.clone());
         registry.register("cdc_pipeline_healthy", "1 when the pipeline's last poll succeeded", t.healthy.clone());
+        registry.register(
+            "cdc_pipeline_overdue",
+            "1 when the pipeline is behind its own schedule: not started, a poll not begun when due, or stuck in a poll",
+            t.overdue.clone(),
+        );
+        registry.register("cdc_pipelines_configured", "Pipeline sinks in the configuration", t.configured.clone());
+        registry.register("cdc_pipelines_running", "Pipeline sinks whose loop is running", t.running.clone());
         Arc::new(Telemetry { registry, ..t })
     }
 
     fn with_status(&self, labels: &RunLabels, f: impl FnOnce(&mut RunStatus)) {
         let mut map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        let st = map.entry(labels.clone()).or_insert_with(|| RunStatus {
-            healthy: false,
-            stopped: false,
-            last_error: None,
-            heartbeat: Instant::now(),
-            lag_seconds: 0.0,
-            lag_snapshots: 0,
-        });
+        let st = map.entry(labels.clone()).or_insert_with(|| RunStatus::new(Instant::now()));
         f(st);
+        let (configured, running) = (map.len(), map.values().filter(|s| s.started).count());
+        drop(map);
+        self.configured.set(configured as i64);
+        self.running.set(running as i64);
+    }
+
+    /// Event: the service configured a pipeline loop and is about to start it ("not started" until it runs).
+    /// A loop being started again after its thread could not start keeps its first registration time, so that it
+    /// turns overdue.
+    pub fn registered(&self, l: &RunLabels) {
+        self.with_status(l, |s| {
+            if s.started {
+                *s = RunStatus::new(Instant::now());
+            }
+        });
+    }
+
+    /// Event: a pipeline loop could not be started (it is retried; until then it is "not started").
+    pub fn start_failed(&self, l: &RunLabels, error: &str) {
+        tracing::error!(pipeline = %l.pipeline, sink = %l.sink, error, "cannot start the pipeline's loop; retrying");
+        let e = error.to_string();
+        self.with_status(l, |s| s.start_error = Some(e));
     }
 
     /// Event: a pipeline loop started (or restarted after a configuration change).
     pub fn started(&self, l: &RunLabels) {
         tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline started");
         self.with_status(l, |s| {
+            s.started = true;
+            s.start_error = None;
             s.stopped = false;
             s.heartbeat = Instant::now();
+            s.next_poll = Instant::now();
         });
     }
 
     /// Event: a pipeline loop ended (removed from the configuration, or shutdown).
     pub fn removed(&self, l: &RunLabels) {
         tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline stopped");
-        self.status.lock().unwrap_or_else(PoisonError::into_inner).remove(l);
+        let mut map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        map.remove(l);
+        let (configured, running) = (map.len(), map.values().filter(|s| s.started).count());
+        drop(map);
+        self.configured.set(configured as i64);
+        self.running.set(running as i64);
         self.healthy.remove(l);
+        self.overdue.remove(l);
+    }
+
+    /// Event: a poll began.
+    pub fn poll_began(&self, l: &RunLabels) {
+        self.with_status(l, |s| {
+            s.polling = true;
+            s.heartbeat = Instant::now();
+        });
+    }
+
+    /// Event: the loop sleeps until its next poll, due in `wait`.
+    pub fn waiting(&self, l: &RunLabels, wait: Duration) {
+        self.with_status(l, |s| {
+            s.polling = false;
+            s.next_poll = Instant::now() + wait;
+        });
+    }
+
+    /// Event: the service checked every loop's schedule (`overdue`: the late ones and why). Counts them in
+    /// `cdc_pipeline_overdue` and logs each change: a loop falling behind, a loop back on schedule.
+    pub fn schedule_checked(&self, overdue: &[(RunLabels, String)], was: &mut BTreeMap<RunLabels, String>) {
+        let now: BTreeMap<RunLabels, String> = overdue.iter().cloned().collect();
+        for (l, why) in &now {
+            if !was.contains_key(l) {
+                tracing::error!(pipeline = %l.pipeline, sink = %l.sink, reason = %why, "pipeline overdue: it is not running on schedule");
+            }
+        }
+        for l in was.keys().filter(|l| !now.contains_key(*l)) {
+            tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline back on schedule");
+        }
+        for (l, _) in self.statuses() {
+            self.overdue.get_or_create(&l).set(i64::from(now.contains_key(&l)));
+        }
+        *was = now;
     }
 
     /// Event: a poll finished; `lag` is what is left to apply after it.
@@ -173,6 +297,7 @@ impl Telemetry {
         self.healthy.get_or_create(l).set(1);
         self.with_status(l, |s| {
             s.healthy = true;
+            s.polling = false;
             s.last_error = None;
             s.heartbeat = Instant::now();
             s.lag_seconds = lag_seconds;
@@ -220,6 +345,7 @@ impl Telemetry {
         let msg = e.to_string();
         self.with_status(l, |s| {
             s.healthy = false;
+            s.polling = false;
             s.stopped = permanent;
             s.last_error = Some(msg);
             // a failing poll is still a loop that runs: the watchdog must not restart the service for it
@@ -230,6 +356,12 @@ impl Telemetry {
     /// Every pipeline's status, for the endpoints, the watchdog and `STATUS=`.
     pub fn statuses(&self) -> Vec<(RunLabels, RunStatus)> {
         self.status.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// The loops behind their schedule now, and why (see [`RunStatus::overdue`]).
+    pub fn overdue(&self, stall: Duration) -> Vec<(RunLabels, String)> {
+        let now = Instant::now();
+        self.statuses().into_iter().filter_map(|(l, s)| s.overdue(now, stall).map(|why| (l, why))).collect()
     }
 
     /// Prometheus text exposition of every metric.

@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 
 import gcp_fake
+import object_names
 from conftest import CDC, ROOT, run_cdc, wait_until
 from spark_workloads import TABLES, workload
 
@@ -102,6 +103,16 @@ def spark_source(spark, name, kind="mor_v3", statements=None):
 def rows(spark, table):
     spark.sql(f"REFRESH TABLE {table}")
     return Counter(tuple(r) for r in spark.table(table).collect())
+
+
+def rows_if_exists(spark, table):
+    """The table's rows, or None while it does not exist yet."""
+    try:
+        return rows(spark, table)
+    except Exception as e:  # noqa: BLE001 (Spark raises AnalysisException subclasses through py4j)
+        if "TABLE_OR_VIEW_NOT_FOUND" in str(e) or "not found" in str(e).lower():
+            return None
+        raise
 
 
 def assert_same(spark, source, target):
@@ -290,3 +301,56 @@ def test_a_commit_whose_outcome_stays_unknown_keeps_its_files(spark, gcp, tmp_pa
 def snapshot_ids(spark, t):
     spark.sql(f"REFRESH TABLE {t}")
     return [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {t}.snapshots ORDER BY committed_at").collect()]
+
+
+def test_partitioned_object_names_are_the_metadata_paths(spark, gcp, tmp_path):
+    """Partition values with `=`, `%`, space, `+`, `#`, `?`, `/`, unicode, null, under every transform: every object
+    `cdc sync` and `cdc run` write is stored under exactly the path the target's metadata holds (Spark reads the
+    target through GCSFileIO, and the bucket listing matches the metadata name for name); a commit that keeps failing
+    deletes what it wrote by those names; and `cdc` reads Spark's partitioned source by its names."""
+    src = spark_source(spark, "g_names", statements=object_names.workload(f"{GSCAT}.db.g_names", 2))
+    bucket = f"gs://{BUCKET}"
+    object_names.assert_names_match(set(gcp.objects("wh/db/g_names/")), object_names.referenced(spark, src, bucket), "Spark's source")
+    tgt = f"{GSCAT}.repl.g_names"
+    cfg = config(tmp_path, gcp, "db.g_names", "repl.g_names", "commit_retries = 2\nretry_backoff = \"100ms\"")
+    p = gcp.sync(cfg, "--to-snapshot", str(snapshot_ids(spark, src)[2]))
+    assert p.returncode == 0, p.stderr
+    # a commit that keeps failing: the files it wrote are deleted, by their names
+    gcp.catalog_proxy.inject("POST", r"/tables/g_names$", "503", 50)
+    try:
+        p = gcp.sync(cfg)
+    finally:
+        gcp.catalog_proxy.faults.clear()
+    assert p.returncode == 9, p.stderr
+    object_names.assert_names_match(set(gcp.objects("wh/repl/g_names/")), object_names.referenced(spark, tgt, bucket), "after a failed commit")
+    p = gcp.sync(cfg)
+    assert p.returncode == 0, p.stderr
+    assert_same(spark, src, tgt)
+    names = object_names.referenced(spark, tgt, bucket)
+    object_names.assert_names_match(set(gcp.objects("wh/repl/g_names/")), names, "cdc sync's target")
+    object_names.assert_partition_dirs(names, "cdc sync's target")
+
+    # the service writes the same names
+    svc_cfg = tmp_path / "service.toml"
+    svc_cfg.write_text(
+        f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\n{gcp.catalog()}\n'
+        f'[[pipelines]]\nname = "g_names"\nsource = {{ catalog = "lake", table = "db.g_names" }}\n\n'
+        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "repl.g_names_svc"\n'
+    )
+    svc_tgt = f"{GSCAT}.repl.g_names_svc"
+    log = open(tmp_path / "service.log", "w")
+    svc = subprocess.Popen([CDC, "run", "--config", str(svc_cfg)], stdout=log, stderr=subprocess.STDOUT, env=gcp.env())
+    try:
+        assert wait_until(lambda: rows_if_exists(spark, svc_tgt) == rows(spark, src)), \
+            open(tmp_path / "service.log").read()[-3000:]
+        spark.sql(f"INSERT INTO {src} VALUES (200, 'new?=/#', 'n n', TIMESTAMP '2024-03-01 01:00:00', TIMESTAMP '2024-03-01 01:30:00')")
+        spark.sql(f"DELETE FROM {src} WHERE id = 6")
+        assert wait_until(lambda: rows(spark, svc_tgt) == rows(spark, src)), open(tmp_path / "service.log").read()[-3000:]
+    finally:
+        svc.send_signal(signal.SIGTERM)
+        rc = svc.wait(60)
+        log.close()
+    assert rc == 0, open(tmp_path / "service.log").read()[-3000:]
+    names = object_names.referenced(spark, svc_tgt, bucket)
+    object_names.assert_names_match(set(gcp.objects("wh/repl/g_names_svc/")), names, "cdc run's target")
+    object_names.assert_partition_dirs(names, "cdc run's target")

@@ -4,11 +4,14 @@ catalog properties, and uploads large files in 5 MiB parts (multipart upload).""
 import os
 import subprocess
 import time
+import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections import Counter
 
 import pytest
 
+import object_names
 from conftest import CDC, ROOT, free_port
 from spark_workloads import TABLES, workload
 
@@ -104,3 +107,41 @@ def test_large_files_upload_in_parts(spark, s3, tmp_path):
     assert rows(spark, tgt) == rows(spark, src)
     biggest = spark.sql(f"SELECT max(file_size_in_bytes) m FROM {tgt}.files").collect()[0].m
     assert biggest > 2 * 5 * 1024 * 1024, f"the largest target file ({biggest} B) is too small to have needed a multipart upload"
+
+
+def objects(s3, prefix):
+    """Keys under `prefix`, listed through the S3 API (ListObjectsV2, every page)."""
+    ns = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+    keys, token = set(), None
+    while True:
+        q = {"list-type": "2", "prefix": prefix}
+        if token:
+            q["continuation-token"] = token
+        with urllib.request.urlopen(f"{s3['endpoint']}/{BUCKET}?{urllib.parse.urlencode(q)}") as r:
+            root = ET.fromstring(r.read())
+        keys |= {k.text for k in root.findall("s3:Contents/s3:Key", ns)}
+        token = root.findtext("s3:NextContinuationToken", namespaces=ns)
+        if root.findtext("s3:IsTruncated", namespaces=ns) != "true" or not token:
+            return keys
+
+
+def test_partitioned_object_names_are_the_metadata_paths(spark, s3, tmp_path):
+    """As on GCS: partition values with every special character, under every transform, into a v3 target (deletion
+    vectors in Puffin files): the keys in the bucket are exactly the paths in the target's metadata."""
+    src = f"{S3CAT}.db.s_names"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    for s in object_names.workload(src, 3):
+        spark.sql(s)
+    bucket = f"s3://{BUCKET}"
+    object_names.assert_names_match(objects(s3, "wh/db/s_names/"), object_names.referenced(spark, src, bucket), "Spark's source")
+    first = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()][2]
+    p = sync(tmp_path, s3, "db.s_names", "repl.s_names", "--to-snapshot", str(first))
+    assert p.returncode == 0, p.stderr
+    p = sync(tmp_path, s3, "db.s_names", "repl.s_names")
+    assert p.returncode == 0, p.stderr
+    tgt = f"{S3CAT}.repl.s_names"
+    want, got = rows(spark, src), rows(spark, tgt)
+    assert got == want, f"missing {want - got}, extra {got - want}"
+    names = object_names.referenced(spark, tgt, bucket)
+    object_names.assert_names_match(objects(s3, "wh/repl/s_names/"), names, "cdc sync's target")
+    object_names.assert_partition_dirs(names, "cdc sync's target")

@@ -14,7 +14,6 @@ use arrow_row::{RowConverter, SortField};
 use arrow_schema::SchemaRef;
 use iceberg::spec::{DataFile, FormatVersion, PartitionKey, Struct};
 use iceberg::table::Table;
-use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeType};
@@ -285,11 +284,11 @@ impl CommitWriter {
         let meta = self.table.metadata();
         let spec = meta.default_partition_spec();
         let spec_id = spec.spec_id();
-        let locations = DefaultLocationGenerator::new(meta)?;
+        let locations = super::location::Locations::new(meta)?;
         let name = |kind: &str, ext: &str| format!("cdc-{}-{kind}.{ext}", uuid::Uuid::new_v4());
         let location = |part: &Option<Struct>, file: &str| {
             let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), self.schema.clone(), p.clone()));
-            locations.generate_location(key.as_ref(), file)
+            locations.file(key.as_ref(), file)
         };
         let io = self.table.file_io().clone();
         let mut out = Vec::new();

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use iceberg::spec::{DataContentType, DataFile, PartitionKey, PartitionSpecRef, SchemaRef, Struct};
 use iceberg::table::Table;
-use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, LocationGenerator};
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter, ParquetWriterBuilder};
 use iceberg::writer::CurrentFileStatus;
 use parquet::file::properties::WriterProperties;
 
+use super::location::Locations;
 use super::split::Splitter;
 use crate::error::{Error, Result};
 
@@ -91,7 +91,7 @@ pub struct PartitionedWriter {
     spec: PartitionSpecRef,
     splitter: Option<Splitter>,
     file_io: iceberg::io::FileIO,
-    locations: DefaultLocationGenerator,
+    locations: Locations,
     builder: ParquetWriterBuilder,
     target_size: usize,
     prefix: String,
@@ -164,7 +164,7 @@ impl PartitionedWriter {
             spec,
             splitter,
             file_io: table.file_io().clone(),
-            locations: DefaultLocationGenerator::new(meta)?,
+            locations: Locations::new(meta)?,
             target_size,
             prefix: format!("cdc-{}", uuid::Uuid::new_v4()),
             counter: 0,
@@ -236,7 +236,7 @@ impl PartitionedWriter {
             Content::EqualityDeletes(_) => "eq-deletes",
         };
         let name = format!("{}-{kind}-{:05}.parquet", self.prefix, self.counter);
-        let path = self.locations.generate_location(key.as_ref(), &name);
+        let path = self.locations.file(key.as_ref(), &name);
         self.opened.push(path.clone());
         let writer = self.builder.build(self.file_io.new_output(&path)?).await.map_err(|e| io_error(&path, e))?;
         Ok(Open { writer, path: path.into(), key, last_write: 0 })

@@ -3,6 +3,7 @@ pub mod apply;
 pub mod deletes;
 pub mod evolve;
 pub mod files;
+pub(crate) mod location;
 pub mod progress;
 pub mod rowdelta;
 pub mod sink;
