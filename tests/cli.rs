@@ -1180,7 +1180,9 @@ fn secrets_stay_out_of_logs_and_errors() {
 
 /// Whether every hadoop target `replica.t0` … `replica.t{n-1}` records `head` as its progress; the ones that do not.
 async fn targets_behind(target_wh: &Path, n: usize, source_uuid: &str, head: i64) -> Vec<usize> {
-    let cfg = Config::parse(&format!("[source]\ntable = \"replica.t0\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display())).unwrap();
+    let cfg =
+        Config::parse(&format!("[source]\ntable = \"replica.t0\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display()))
+            .unwrap();
     let cat = Catalog::connect(&cfg.source.catalog, "t").await.unwrap();
     let mut behind = Vec::new();
     for i in 0..n {
@@ -1229,10 +1231,21 @@ async fn every_pipeline_runs_whatever_their_number() {
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         behind = targets_behind(&tw, N, &uuid, head).await;
     }
-    assert!(behind.is_empty(), "{} of {N} targets never caught up (first: {:?})\n{}", behind.len(), &behind[..behind.len().min(5)], log().lines().take(40).collect::<Vec<_>>().join("\n"));
+    assert!(
+        behind.is_empty(),
+        "{} of {N} targets never caught up (first: {:?})\n{}",
+        behind.len(),
+        &behind[..behind.len().min(5)],
+        log().lines().take(40).collect::<Vec<_>>().join("\n")
+    );
     assert!(log().contains(&format!("pipelines={N} loops={N} started={N}")), "{}", log().lines().take(5).collect::<Vec<_>>().join("\n"));
     let m = http_get(port, "/metrics").1;
-    assert_eq!(metric(&m, "cdc_pipelines_running", ""), Some(N as f64), "{}", m.lines().filter(|l| l.starts_with("cdc_pipelines")).collect::<Vec<_>>().join("\n"));
+    assert_eq!(
+        metric(&m, "cdc_pipelines_running", ""),
+        Some(N as f64),
+        "{}",
+        m.lines().filter(|l| l.starts_with("cdc_pipelines")).collect::<Vec<_>>().join("\n")
+    );
     assert_eq!(metric(&m, "cdc_pipelines_configured", ""), Some(N as f64));
 
     // every loop keeps polling: a new source commit reaches all of them

@@ -1,4 +1,5 @@
-//! `cdc run`: the long-running service. A loop per (pipeline, sink) plus signals plus systemd notify.
+//! `cdc run`: the long-running service. A loop per (pipeline, sink), each on an OS thread of its own (no pool caps
+//! their number), plus signals plus systemd notify.
 //!
 //! Each loop polls its source on its interval: a poll loads the source's and the target's metadata only, and when
 //! the source has snapshots beyond the target's recorded progress it calls the same runner as `cdc sync`
@@ -12,9 +13,12 @@
 //! in-flight runs finish or abandon their commit before the catalog call; the process exits within
 //! `shutdown_timeout`.
 //!
+//! Liveness is per loop ([`telemetry::RunStatus::overdue`]): a loop not started, a poll not begun when due, or a poll
+//! without progress for `stall_timeout` is overdue — named by `/readyz` and `/healthz`, counted, logged.
+//!
 //! systemd (`Type=notify`): `READY=1` once the configuration is valid and every catalog was tried; `WATCHDOG=1` at
-//! half of `WatchdogSec` only while every loop shows progress within `stall_timeout`; `STATUS=` with a one-line lag
-//! summary; `STOPPING=1` on shutdown.
+//! half of `WatchdogSec` only while no loop is overdue; `STATUS=` with a one-line lag summary; `STOPPING=1` on
+//! shutdown.
 pub mod config;
 mod http;
 pub mod telemetry;

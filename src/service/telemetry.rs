@@ -371,3 +371,50 @@ impl Telemetry {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STALL: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_loop_is_overdue_only_behind_its_own_schedule() {
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        let mut s = RunStatus::new(t0);
+        // configured, not started: allowed the slack, then "not started" with the reason it could not
+        assert_eq!(s.overdue(later(10), STALL), None);
+        assert_eq!(s.overdue(later(31), STALL).as_deref(), Some("not started for 31s"));
+        s.start_error = Some("cannot start a thread for it: EAGAIN".into());
+        assert!(s.overdue(later(31), STALL).unwrap().ends_with("EAGAIN"));
+        // started and sleeping until its next poll: late only past the due time plus the slack
+        s.started = true;
+        s.next_poll = later(100);
+        assert_eq!(s.overdue(later(120), STALL), None);
+        assert_eq!(s.overdue(later(131), STALL).as_deref(), Some("poll overdue by 31s"));
+        // in a poll: late only after stall_timeout without progress (a commit moves the heartbeat)
+        s.polling = true;
+        s.heartbeat = later(200);
+        assert_eq!(s.overdue(later(259), STALL), None);
+        assert!(s.overdue(later(261), STALL).unwrap().starts_with("no progress for 61s in a poll"));
+        // stopped by a permanent error: failing, never overdue
+        s.stopped = true;
+        assert_eq!(s.overdue(later(10_000), STALL), None);
+    }
+
+    #[test]
+    fn a_loop_restarted_after_a_failed_start_keeps_its_first_registration() {
+        let t = Telemetry::new();
+        let l = RunLabels { pipeline: "p".into(), sink: "s".into() };
+        t.registered(&l);
+        let first = t.statuses()[0].1.registered;
+        std::thread::sleep(Duration::from_millis(5));
+        t.registered(&l);
+        assert_eq!(t.statuses()[0].1.registered, first, "a retried start must not reset the clock");
+        t.started(&l);
+        t.registered(&l);
+        assert!(t.statuses()[0].1.registered > first && !t.statuses()[0].1.started, "a restarted loop starts afresh");
+        assert!(t.encode().contains("cdc_pipelines_configured 1"), "{}", t.encode());
+    }
+}

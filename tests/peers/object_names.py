@@ -63,3 +63,19 @@ def assert_partition_dirs(names, what):
     for want in ["cat=a%3Db", "cat=100%25", "cat=sp+ace", "cat=plus%2Bsign", "cat=hash%23tag", "cat=q%3Fmark",
                  "cat=%C3%BCn%C3%AF%E2%82%AC", "cat=sl%2Fash", "cat=null", "cat="]:
         assert want in dirs, f"{what}: no partition directory {want} among {sorted(dirs)}"
+
+
+def partition_dir_names(spark, table, field):
+    """The `field=` directory names of every file `table` ever referenced (as escaped in their paths)."""
+    spark.sql(f"REFRESH TABLE {table}")
+    paths = [r[0] for r in spark.sql(f"SELECT file_path FROM {table}.all_files").collect()]
+    return {seg for p in paths for seg in p.split("/") if seg.startswith(field + "=")}
+
+
+def assert_named_like_spark(spark, source, target):
+    """Every partition directory of the target (identity, truncate, day, hour) is named exactly as Spark named the
+    source's directory of the same value: the target holds the source's values, so a name Spark never wrote is a
+    value escaped or printed differently."""
+    for field in ("cat", "note_trunc", "ts_day", "ts2_hour"):
+        want, got = partition_dir_names(spark, source, field), partition_dir_names(spark, target, field)
+        assert got and got <= want, f"{target}: {field} directories Spark never wrote: {sorted(got - want)} (Spark's: {sorted(want)[:8]})"

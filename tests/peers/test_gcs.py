@@ -329,6 +329,7 @@ def test_partitioned_object_names_are_the_metadata_paths(spark, gcp, tmp_path):
     names = object_names.referenced(spark, tgt, bucket)
     object_names.assert_names_match(set(gcp.objects("wh/repl/g_names/")), names, "cdc sync's target")
     object_names.assert_partition_dirs(names, "cdc sync's target")
+    object_names.assert_named_like_spark(spark, src, tgt)
 
     # the service writes the same names
     svc_cfg = tmp_path / "service.toml"
@@ -353,4 +354,4 @@ def test_partitioned_object_names_are_the_metadata_paths(spark, gcp, tmp_path):
     assert rc == 0, open(tmp_path / "service.log").read()[-3000:]
     names = object_names.referenced(spark, svc_tgt, bucket)
     object_names.assert_names_match(set(gcp.objects("wh/repl/g_names_svc/")), names, "cdc run's target")
-    object_names.assert_partition_dirs(names, "cdc run's target")
+    object_names.assert_named_like_spark(spark, src, svc_tgt)

@@ -145,3 +145,4 @@ def test_partitioned_object_names_are_the_metadata_paths(spark, s3, tmp_path):
     names = object_names.referenced(spark, tgt, bucket)
     object_names.assert_names_match(objects(s3, "wh/repl/s_names/"), names, "cdc sync's target")
     object_names.assert_partition_dirs(names, "cdc sync's target")
+    object_names.assert_named_like_spark(spark, src, tgt)

@@ -5,11 +5,12 @@
 //! `<location>/data` (as every Iceberg implementation resolves it). The partition path is `name=value` per partition
 //! field, joined by `/`, with both sides escaped as Iceberg Java's `PartitionSpec.partitionToPath` escapes them
 //! (`java.net.URLEncoder`, UTF-8): ASCII letters, digits and `.-*_` stay, a space becomes `+`, every other byte is
-//! `%XX`. iceberg-rust's own generator does not escape, so a string partition value holding `/`, `?`, `#` or `%`
+//! `%XX`; year, month and hour values read `2024`, `2024-01`, `2024-01-01-10` as in Java (iceberg-rust prints
+//! their ordinals). iceberg-rust's own generator does not escape, so a string partition value holding `/`, `?`, `#` or `%`
 //! would make a path that object stores and URI parsers read differently from the manifest (a `/` even adds a
 //! directory level). Escaped, a path is plain ASCII without those characters, and the object's name is exactly the
 //! path the metadata holds.
-use iceberg::spec::{PartitionKey, TableMetadata};
+use iceberg::spec::{Literal, PartitionKey, PrimitiveLiteral, TableMetadata, Transform};
 
 use crate::error::Result;
 
@@ -51,14 +52,31 @@ fn partition_path(key: &PartitionKey) -> String {
         .enumerate()
         .map(|(i, field)| {
             let value = key.data()[i].as_ref();
-            let human = match types.get(i) {
-                Some(t) => field.transform.to_human_string(&t.field_type, value),
-                None => "null".to_string(),
+            let human = match (time_human(field.transform, value), types.get(i)) {
+                (Some(h), _) => h,
+                (None, Some(t)) => field.transform.to_human_string(&t.field_type, value),
+                (None, None) => "null".to_string(),
             };
             format!("{}={}", url_encode(&field.name), url_encode(&human))
         })
         .collect::<Vec<_>>()
         .join("/")
+}
+
+/// Iceberg Java's human form of a year, month or hour transform's value (`2024`, `2024-01`, `2024-01-01-10`), where
+/// iceberg-rust prints the ordinal (years, months, hours since 1970). Days are dates in both.
+fn time_human(transform: Transform, value: Option<&Literal>) -> Option<String> {
+    let Some(Literal::Primitive(PrimitiveLiteral::Int(v))) = value else { return None };
+    let v = i64::from(*v);
+    match transform {
+        Transform::Year => Some(format!("{:04}", 1970 + v)),
+        Transform::Month => Some(format!("{:04}-{:02}", 1970 + v.div_euclid(12), v.rem_euclid(12) + 1)),
+        Transform::Hour => {
+            let t = chrono::DateTime::from_timestamp(v.checked_mul(3600)?, 0)?;
+            Some(t.format("%Y-%m-%d-%H").to_string())
+        }
+        _ => None,
+    }
 }
 
 /// `application/x-www-form-urlencoded` encoding of UTF-8 text, as `java.net.URLEncoder.encode(s, UTF_8)`.
@@ -78,7 +96,7 @@ fn url_encode(s: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use iceberg::spec::{Literal, NestedField, PartitionSpec, PrimitiveType, Schema, Struct, Transform, Type};
+    use iceberg::spec::{NestedField, PartitionSpec, PrimitiveType, Schema, Struct, Type};
 
     use super::*;
 
@@ -88,6 +106,18 @@ mod tests {
         assert_eq!(url_encode("a=b/c d+e%f#g?h&i"), "a%3Db%2Fc+d%2Be%25f%23g%3Fh%26i");
         assert_eq!(url_encode("ü€"), "%C3%BC%E2%82%AC");
         assert_eq!(url_encode("~'!()"), "%7E%27%21%28%29");
+    }
+
+    #[test]
+    fn time_transforms_are_named_as_java_names_them() {
+        let h = |t, v| time_human(t, Some(&Literal::int(v)));
+        assert_eq!(h(Transform::Year, 54).as_deref(), Some("2024"));
+        assert_eq!(h(Transform::Month, 648).as_deref(), Some("2024-01"));
+        assert_eq!(h(Transform::Month, -1).as_deref(), Some("1969-12"));
+        assert_eq!(h(Transform::Hour, 473_832).as_deref(), Some("2024-01-21-00"));
+        assert_eq!(h(Transform::Hour, -1).as_deref(), Some("1969-12-31-23"));
+        assert_eq!(h(Transform::Day, 19_723), None, "days are dates already");
+        assert_eq!(time_human(Transform::Hour, None), None);
     }
 
     fn key(values: Vec<Option<Literal>>) -> PartitionKey {
