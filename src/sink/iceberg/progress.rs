@@ -1,8 +1,18 @@
 //! Replication progress, recorded in the target's own snapshot summaries (like Flink's
 //! `flink.max-committed-checkpoint-id`): a commit and the progress it records are one atomic step.
+//!
+//! The same commit also writes it to a table property, `cdc.progress.<source table uuid>`, because snapshot
+//! summaries do not survive the target owner's maintenance: after a compaction (a `replace` snapshot without our
+//! keys) and `expire_snapshots(retain_last => 1)` no snapshot on the main branch records progress, and a run would
+//! find a table full of rows it cannot place. The property survives both. It is only believed where the summaries
+//! cannot answer, and only when the target still descends from the commit that wrote it: that snapshot must be gone
+//! (expired), not merely off the main branch (rolled back from), and every snapshot left on the branch must be newer
+//! (a higher sequence number) than it. A summary on the branch always wins: after a rollback it is the truth, while a
+//! property never rolls back.
 use std::collections::HashMap;
 
 use iceberg::spec::TableMetadata;
+use iceberg::TableUpdate;
 
 pub const SOURCE_TABLE_UUID: &str = "cdc.source-table-uuid";
 pub const SOURCE_TABLE: &str = "cdc.source-table";
@@ -18,8 +28,33 @@ pub struct Progress {
     pub target_snapshot_id: i64,
 }
 
-/// The newest progress recorded for `source_uuid` on the target's main branch.
+/// Prefix of the table property that keeps a source's progress where snapshot expiry cannot take it.
+pub const PROPERTY_PREFIX: &str = "cdc.progress.";
+
+/// The newest progress recorded for `source_uuid` on the target's main branch: by a snapshot summary on the branch,
+/// else by the table property when the target still descends from the commit that wrote it (see the module docs).
 pub fn read(target: &TableMetadata, source_uuid: &str) -> Option<Progress> {
+    from_summaries(target, source_uuid).or_else(|| from_property(target, source_uuid))
+}
+
+/// The table-property update a commit adds to record its progress: the source snapshot and sequence number it
+/// applied through, and the target snapshot (and its sequence number) that records them.
+pub fn property_update(source_uuid: &str, source: (i64, i64), target_snapshot_id: i64, target_sequence_number: i64) -> TableUpdate {
+    let value = format!("{}:{}:{target_snapshot_id}:{target_sequence_number}", source.0, source.1);
+    TableUpdate::SetProperties { updates: HashMap::from([(format!("{PROPERTY_PREFIX}{source_uuid}"), value)]) }
+}
+
+fn from_property(target: &TableMetadata, source_uuid: &str) -> Option<Progress> {
+    let value = target.properties().get(&format!("{PROPERTY_PREFIX}{source_uuid}"))?;
+    let parts: Vec<i64> = value.split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
+    let [source_snapshot_id, source_sequence_number, target_snapshot_id, target_sequence_number] = parts[..] else { return None };
+    let lineage = crate::spec::lineage::main_lineage(target);
+    let expired = target.snapshot_by_id(target_snapshot_id).is_none();
+    let newer = lineage.first().is_some_and(|oldest| oldest.sequence_number() > target_sequence_number);
+    (expired && newer).then_some(Progress { source_snapshot_id, source_sequence_number, target_snapshot_id })
+}
+
+fn from_summaries(target: &TableMetadata, source_uuid: &str) -> Option<Progress> {
     for s in crate::spec::lineage::main_lineage(target).iter().rev() {
         let p = &s.summary().additional_properties;
         if p.get(SOURCE_TABLE_UUID).map(String::as_str) != Some(source_uuid) {
@@ -40,4 +75,80 @@ pub fn properties(source_uuid: &str, source_table: &str, snapshot_id: i64, seque
         (SOURCE_SEQUENCE_NUMBER.to_string(), sequence_number.to_string()),
         (WRITER.to_string(), format!("iceberg-cdc {}", env!("CARGO_PKG_VERSION"))),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = "5a1c6e2e-0000-4000-8000-000000000001";
+
+    /// A v2 target whose main branch is `main` (oldest first), with every snapshot of `all`:
+    /// (id, parent, sequence number, records progress of this source snapshot).
+    fn target(all: &[(i64, Option<i64>, i64, Option<i64>)], main: i64, property: Option<&str>) -> TableMetadata {
+        let snapshots: Vec<_> = all
+            .iter()
+            .map(|(id, parent, seq, progress)| {
+                let mut summary = serde_json::json!({"operation": "append"});
+                if let Some(p) = progress {
+                    summary[SOURCE_TABLE_UUID] = SOURCE.into();
+                    summary[SOURCE_SNAPSHOT_ID] = p.to_string().into();
+                    summary[SOURCE_SEQUENCE_NUMBER] = p.to_string().into();
+                }
+                let mut s = serde_json::json!({"snapshot-id": id, "sequence-number": seq, "timestamp-ms": 1_700_000_000_000i64 + seq,
+                    "manifest-list": format!("/t/metadata/snap-{id}.avro"), "summary": summary, "schema-id": 0});
+                if let Some(p) = parent {
+                    s["parent-snapshot-id"] = (*p).into();
+                }
+                s
+            })
+            .collect();
+        let mut props = serde_json::Map::new();
+        if let Some(v) = property {
+            props.insert(format!("{PROPERTY_PREFIX}{SOURCE}"), v.into());
+        }
+        serde_json::from_value(serde_json::json!({
+            "format-version": 2, "table-uuid": "5a1c6e2e-0000-4000-8000-0000000000ff", "location": "/t",
+            "last-sequence-number": all.iter().map(|s| s.2).max().unwrap_or(0), "last-updated-ms": 1_700_000_001_000i64,
+            "last-column-id": 1, "current-schema-id": 0,
+            "schemas": [{"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]}],
+            "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}], "last-partition-id": 999,
+            "default-sort-order-id": 0, "sort-orders": [{"order-id": 0, "fields": []}],
+            "properties": props, "current-snapshot-id": main, "snapshots": snapshots,
+            "refs": {"main": {"snapshot-id": main, "type": "branch"}}, "snapshot-log": [], "metadata-log": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn progress_survives_compaction_and_expiry_through_the_property() {
+        // ours (seq 3, source snapshot 30) was compacted (seq 4, no summary keys) and expired
+        let t = target(&[(4, Some(3), 4, None)], 4, Some("30:30:3:3"));
+        let p = read(&t, SOURCE).expect("the property answers when no summary does");
+        assert_eq!((p.source_snapshot_id, p.source_sequence_number, p.target_snapshot_id), (30, 30, 3));
+        // a summary on the branch wins over the property
+        let t = target(&[(2, None, 2, Some(20)), (4, Some(2), 4, None)], 4, Some("30:30:3:3"));
+        assert_eq!(read(&t, SOURCE).unwrap().source_snapshot_id, 20);
+        // no progress anywhere
+        assert_eq!(read(&target(&[(4, None, 4, None)], 4, None), SOURCE), None);
+    }
+
+    #[test]
+    fn the_property_is_not_believed_where_the_target_no_longer_descends_from_it() {
+        // the commit that wrote it is still there, off the main branch: rolled back from
+        let t = target(&[(1, None, 1, None), (3, Some(1), 3, Some(30))], 1, Some("30:30:3:3"));
+        assert_eq!(read(&t, SOURCE), None);
+        // expired, but the branch holds a snapshot older than it: the owner went back past it
+        let t = target(&[(1, None, 1, None), (5, Some(1), 5, None)], 5, Some("30:30:3:3"));
+        assert_eq!(read(&t, SOURCE), None);
+        // unreadable values are no progress
+        assert_eq!(read(&target(&[(4, Some(3), 4, None)], 4, Some("30:x:3:3")), SOURCE), None);
+        assert_eq!(read(&target(&[(4, Some(3), 4, None)], 4, Some("30:30:3")), SOURCE), None);
+    }
+
+    #[test]
+    fn a_commit_records_its_progress_as_a_property() {
+        let TableUpdate::SetProperties { updates } = property_update(SOURCE, (30, 31), 3, 4) else { panic!("not a property update") };
+        assert_eq!(updates, HashMap::from([(format!("{PROPERTY_PREFIX}{SOURCE}"), "30:31:3:4".to_string())]));
+    }
 }

@@ -231,7 +231,10 @@ impl<'c> IcebergSink<'c> {
         let mut attempts: Vec<Attempt> = Vec::new();
         test_pause_before_commit();
         loop {
-            let prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            let mut prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            let source_at = (open.last_snapshot_id, open.last_sequence_number);
+            let seq = target.metadata().next_sequence_number();
+            prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, seq));
             attempts.push(Attempt {
                 snapshot_id: prepared.snapshot_id,
                 parent: target.metadata().current_snapshot_id(),
