@@ -1323,3 +1323,36 @@ async fn a_starved_pipeline_fails_readiness_by_name() {
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
 }
+
+/// Metadata files of a table's `metadata/` folder (`*.metadata.json`).
+fn metadata_files(table_dir: &Path) -> usize {
+    std::fs::read_dir(table_dir.join("metadata"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".metadata.json"))
+        .count()
+}
+
+/// A target the applier creates keeps its metadata folder bounded: 30 commits (one per source snapshot) leave the
+/// current metadata file and the 20 its log keeps, on hadoop and sqlite targets alike — and the target is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn created_targets_keep_a_bounded_number_of_metadata_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..26i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(1000 + i, "more", i as i128), (1, "again", i as i128)], &[]).await.unwrap();
+    }
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    let tw = dir.path().join("target");
+    let hadoop = sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1");
+    let sql = hadoop.replace("[target.catalog]\ntype = \"hadoop\"", "[target.catalog]\ntype = \"sql\"");
+    for (name, body, table_dir) in [("hadoop", hadoop, tw.join("replica").join("orders")), ("sql", sql, tw.join("replica").join("orders"))] {
+        let _ = std::fs::remove_dir_all(&tw);
+        let cfg = config(dir.path(), &body);
+        ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &first]));
+        let out = ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--json"]));
+        assert!(out.contains("\"source_snapshots_applied\": 29"), "{name}: {out}");
+        assert_eq!(metadata_files(&table_dir), 21, "{name}: the current metadata file and the 20 its log keeps");
+        assert_target_equals_source(&cfg, &t, "replica.orders").await;
+    }
+}

@@ -190,6 +190,15 @@ impl Catalog {
 
     /// Applies `updates` to `table` if `requirements` still hold, atomically. Returns the reloaded table.
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
+        let committed = self.swap(table, requirements, updates).await?;
+        if !matches!(self, Catalog::Rest(_)) {
+            // a REST server does this itself, as Iceberg Java's catalogs do
+            delete_removed_metadata_files(table.file_io(), table.metadata(), committed.metadata()).await;
+        }
+        Ok(committed)
+    }
+
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         match self {
             Catalog::Hadoop(h) => h.commit(table, requirements, updates).await,
             Catalog::Sql { pool, name, .. } => {
@@ -248,6 +257,28 @@ impl Catalog {
 
 fn table_name(ident: &TableIdent) -> String {
     format!("{}.{}", ident.namespace().join("."), ident.name())
+}
+
+/// Table property: delete metadata files that drop out of the metadata log after a commit (Iceberg's name).
+pub(crate) const METADATA_DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
+/// Table property: how many previous metadata files the metadata log keeps (Iceberg's name; default 100).
+pub(crate) const METADATA_PREVIOUS_VERSIONS_MAX: &str = "write.metadata.previous-versions-max";
+
+/// With [`METADATA_DELETE_AFTER_COMMIT`] on the committed table: deletes the metadata files that were in `before`'s
+/// metadata log but are no longer in `after`'s (which keeps [`METADATA_PREVIOUS_VERSIONS_MAX`] entries), as Iceberg
+/// Java's catalogs do after a commit. Only files that left the log go: the current and every logged file stay, so a
+/// reader or committer working from any of them is unaffected. Best effort: a file that cannot be deleted is an
+/// orphan, never an error of the commit that already landed.
+async fn delete_removed_metadata_files(io: &FileIO, before: &TableMetadata, after: &TableMetadata) {
+    if !storage::truthy(after.properties().get(METADATA_DELETE_AFTER_COMMIT)) {
+        return;
+    }
+    let kept: std::collections::HashSet<&str> = after.metadata_log().iter().map(|e| e.metadata_file.as_str()).collect();
+    for old in before.metadata_log().iter().filter(|e| !kept.contains(e.metadata_file.as_str())) {
+        if let Err(e) = io.delete(&old.metadata_file).await {
+            tracing::debug!(file = %old.metadata_file, error = %e, "could not delete an old metadata file; it stays as an orphan");
+        }
+    }
 }
 
 /// Checks the requirements against `meta` and applies the updates, as a catalog server would.

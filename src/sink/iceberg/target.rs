@@ -11,6 +11,10 @@ use crate::config::split_table_name;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::evolve::{self, FieldMap};
 
+/// Previous metadata files a created target keeps (`write.metadata.previous-versions-max`); older ones are deleted
+/// after each commit. Enough to inspect the last commits' metadata by hand; time travel reads snapshots, not these.
+const TARGET_PREVIOUS_METADATA_FILES: usize = 20;
+
 /// Equality columns as source field ids: the configured names (resolved in `source`, the schema whose names the user
 /// sees), else the source key; float/double and nested columns are refused.
 pub fn equality_ids(source: &Schema, configured: Option<&[String]>, source_key: &[i32]) -> Result<Vec<i32>> {
@@ -121,6 +125,9 @@ pub async fn ensure(
             ("write.delete.mode".to_string(), "merge-on-read".to_string()),
             ("write.update.mode".to_string(), "merge-on-read".to_string()),
             ("write.merge.mode".to_string(), "merge-on-read".to_string()),
+            // a commit every few seconds must not keep every metadata file it ever wrote
+            (crate::catalog::METADATA_DELETE_AFTER_COMMIT.to_string(), "true".to_string()),
+            (crate::catalog::METADATA_PREVIOUS_VERSIONS_MAX.to_string(), TARGET_PREVIOUS_METADATA_FILES.to_string()),
             // which source schema the columns were made from: another applier that loads this table before our
             // first commit (which records the field-id mapping) derives the same mapping from it
             (created_from_key.clone(), schema.schema_id().to_string()),
