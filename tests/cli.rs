@@ -897,6 +897,21 @@ impl Notifications {
     }
 }
 
+/// `cdc run --config cfg` under a systemd-like supervisor: its notifications are collected, its watchdog interval is
+/// 1 s, its log goes to `dir/service.log`.
+fn spawn_watched_service(dir: &Path, cfg: &Path) -> (std::process::Child, Notifications) {
+    let notify = Notifications::bind(&dir.join("notify.sock"));
+    let child = Command::new(CDC)
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", dir.join("notify.sock"))
+        .env("WATCHDOG_USEC", "1000000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("service.log")).unwrap())
+        .spawn()
+        .unwrap();
+    (child, notify)
+}
+
 fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while std::time::Instant::now() < end {
@@ -982,15 +997,7 @@ async fn service_follows_reloads_reports_and_stops() {
         service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders"), ("ghost", "demo.missing", "replica.ghost")]),
     )
     .unwrap();
-    let notify = Notifications::bind(&dir.path().join("notify.sock"));
-    let mut child = Command::new(CDC)
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
-        .env("WATCHDOG_USEC", "1000000")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("service.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
     assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "bootstrap: {}", log());
@@ -1283,15 +1290,7 @@ async fn a_starved_pipeline_fails_readiness_by_name() {
     let body = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders"), ("stuck", quickstart::TABLE, "replica.stuck")])
         .replace("[service]\n", "[service]\nstall_timeout = \"2s\"\n");
     std::fs::write(&cfg, body).unwrap();
-    let notify = Notifications::bind(&dir.path().join("notify.sock"));
-    let mut child = Command::new(CDC)
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
-        .env("WATCHDOG_USEC", "1000000")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("service.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
     assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "{}", log());

@@ -206,6 +206,11 @@ impl Telemetry {
         let mut map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         let st = map.entry(labels.clone()).or_insert_with(|| RunStatus::new(Instant::now()));
         f(st);
+    }
+
+    /// Counts the configured and the running loops (on the events that change them: not on every poll).
+    fn count_loops(&self) {
+        let map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         let (configured, running) = (map.len(), map.values().filter(|s| s.started).count());
         drop(map);
         self.configured.set(configured as i64);
@@ -221,6 +226,7 @@ impl Telemetry {
                 *s = RunStatus::new(Instant::now());
             }
         });
+        self.count_loops();
     }
 
     /// Event: a pipeline loop could not be started (it is retried; until then it is "not started").
@@ -240,17 +246,14 @@ impl Telemetry {
             s.heartbeat = Instant::now();
             s.next_poll = Instant::now();
         });
+        self.count_loops();
     }
 
     /// Event: a pipeline loop ended (removed from the configuration, or shutdown).
     pub fn removed(&self, l: &RunLabels) {
         tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline stopped");
-        let mut map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        map.remove(l);
-        let (configured, running) = (map.len(), map.values().filter(|s| s.started).count());
-        drop(map);
-        self.configured.set(configured as i64);
-        self.running.set(running as i64);
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).remove(l);
+        self.count_loops();
         self.healthy.remove(l);
         self.overdue.remove(l);
     }
