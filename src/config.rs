@@ -109,23 +109,6 @@ fn default_txn_bytes() -> u64 {
     64 * 1024 * 1024
 }
 
-pub(crate) const KAFKA_KEYS: &[&str] = &[
-    "bootstrap_servers",
-    "topic",
-    "format",
-    "tombstones",
-    "schemas_enable",
-    "initial",
-    "progress_topic",
-    "transactional_id",
-    "max_transaction_rows",
-    "max_transaction_bytes",
-    "snapshots_per_commit",
-    "auth",
-    "principal",
-    "properties",
-];
-
 impl KafkaConfig {
     /// Every problem of this section (`at`: where it is, for messages).
     pub fn validate(&self, at: &str, p: &mut Vec<String>) {
@@ -201,6 +184,15 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// Evolve the target's partition spec when the source's evolves (default: the target keeps its own).
     #[serde(default)]
     pub follow_partition_spec: bool,
+    /// Expire the target's old snapshots after commits, and delete the files only they referenced.
+    #[serde(default = "default_true")]
+    pub expire_snapshots: bool,
+    /// Snapshots younger than this are never expired.
+    #[serde(default = "default_snapshot_retention", with = "humantime_serde")]
+    pub snapshot_retention: std::time::Duration,
+    /// The newest snapshots of the target's main branch that stay whatever their age (at least 1).
+    #[serde(default = "default_retain_snapshots")]
+    pub retain_snapshots: usize,
     pub catalog: C,
 }
 
@@ -218,11 +210,20 @@ impl<C> TargetConfig<C> {
             target_file_size: self.target_file_size,
             keep_dropped_columns: self.keep_dropped_columns,
             follow_partition_spec: self.follow_partition_spec,
+            expire_snapshots: self.expire_snapshots,
+            snapshot_retention: self.snapshot_retention,
+            retain_snapshots: self.retain_snapshots,
             catalog,
         }
     }
 }
 
+fn default_snapshot_retention() -> std::time::Duration {
+    std::time::Duration::from_secs(3600)
+}
+fn default_retain_snapshots() -> usize {
+    10
+}
 fn default_format_version() -> u8 {
     2
 }
@@ -381,23 +382,50 @@ pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> std::r
     }
 }
 
-/// Keys each section takes (catalog sections pass unknown keys on as catalog properties).
-const TOP_KEYS: &[&str] = &["source", "target", "kafka", "engine"];
-const SOURCE_KEYS: &[&str] = &["table", "key_columns", "catalog"];
-pub(crate) const TARGET_KEYS: &[&str] = &[
-    "table",
-    "mode",
-    "equality_columns",
-    "format_version",
-    "snapshots_per_commit",
-    "commit_retries",
-    "retry_backoff",
-    "target_file_size",
-    "keep_dropped_columns",
-    "follow_partition_spec",
-    "catalog",
-];
-pub(crate) const ENGINE_KEYS: &[&str] = &["memory_budget", "spill_dir", "read_concurrency"];
+/// The keys a configuration section takes: the fields its struct declares to serde (after renames), read from the
+/// type's own `Deserialize` impl, so a field added to a struct is a known key without a list to keep beside it.
+///
+/// Works by handing `T::deserialize` a deserializer that records the field list serde's derive passes to
+/// `deserialize_struct`, then stops. A type that is not a plain struct (a map, an enum, `#[serde(flatten)]`) has
+/// no such list: it yields no keys, which the unit tests would show.
+pub(crate) fn keys_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{Error as _, Visitor};
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> std::result::Result<V::Value, Self::Error> {
+            Err(Self::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(Self::Error::custom("field names recorded"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+/// Every key no section takes, with the section and the keys it does take (catalog sections pass unknown keys on as
+/// catalog properties).
+fn unknown_keys(value: &toml::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    unknown_in("", Some(value), keys_of::<Config>(), &mut out);
+    unknown_in("source", value.get("source"), keys_of::<SourceConfig>(), &mut out);
+    unknown_in("target", value.get("target"), keys_of::<TargetConfig>(), &mut out);
+    unknown_in("kafka", value.get("kafka"), keys_of::<KafkaConfig>(), &mut out);
+    unknown_in("engine", value.get("engine"), keys_of::<EngineConfig>(), &mut out);
+    out
+}
 
 /// Parse → validate for a TOML configuration: `${ENV}` expanded, every unknown key listed (serde stops at the first
 /// one), then the typed parse, then every problem `validate` finds.
@@ -431,17 +459,6 @@ pub(crate) fn unknown_in(section: &str, v: Option<&toml::Value>, known: &[&str],
             out.push(format!("unknown key `{at}` (expected one of: {})", known.join(", ")));
         }
     }
-}
-
-/// Every key no section takes, with the section and the keys it does take.
-fn unknown_keys(value: &toml::Value) -> Vec<String> {
-    let mut out = Vec::new();
-    unknown_in("", Some(value), TOP_KEYS, &mut out);
-    unknown_in("source", value.get("source"), SOURCE_KEYS, &mut out);
-    unknown_in("target", value.get("target"), TARGET_KEYS, &mut out);
-    unknown_in("kafka", value.get("kafka"), KAFKA_KEYS, &mut out);
-    unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
-    out
 }
 
 impl Config {
@@ -487,6 +504,9 @@ impl Config {
             }
             if t.target_file_size < 1024 * 1024 {
                 p.push("target.target_file_size: below the 1MiB minimum".into());
+            }
+            if t.retain_snapshots == 0 {
+                p.push("target.retain_snapshots: must be at least 1 (the head always stays)".into());
             }
             if t.catalog.kind == self.source.catalog.kind
                 && t.catalog.warehouse == self.source.catalog.warehouse
@@ -622,6 +642,34 @@ pub fn split_table_name(name: &str) -> (Vec<String>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn known_keys_are_the_fields_the_types_declare() {
+        assert_eq!(keys_of::<Config>(), ["source", "target", "kafka", "engine"]);
+        assert_eq!(keys_of::<SourceConfig>(), ["table", "key_columns", "catalog"]);
+        let target = [
+            "table",
+            "mode",
+            "equality_columns",
+            "format_version",
+            "snapshots_per_commit",
+            "commit_retries",
+            "retry_backoff",
+            "target_file_size",
+            "keep_dropped_columns",
+            "follow_partition_spec",
+            "expire_snapshots",
+            "snapshot_retention",
+            "retain_snapshots",
+            "catalog",
+        ];
+        assert_eq!(keys_of::<TargetConfig>(), target);
+        assert_eq!(keys_of::<TargetConfig<String>>(), target);
+        assert_eq!(keys_of::<EngineConfig>(), ["memory_budget", "spill_dir", "read_concurrency"]);
+        assert!(keys_of::<KafkaConfig>().starts_with(&["bootstrap_servers", "topic", "format"]) && keys_of::<KafkaConfig>().contains(&"properties"));
+        // not a struct: no keys
+        assert!(keys_of::<std::collections::HashMap<String, String>>().is_empty());
+    }
 
     #[test]
     fn reports_every_problem_at_once() {

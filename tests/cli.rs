@@ -1355,3 +1355,61 @@ async fn created_targets_keep_a_bounded_number_of_metadata_files() {
         assert_target_equals_source(&cfg, &t, "replica.orders").await;
     }
 }
+
+/// Files under `dir` (recursively), as paths.
+fn files_under(dir: &Path) -> std::collections::BTreeSet<String> {
+    walk(dir).into_iter().map(|p| p.display().to_string()).collect()
+}
+
+/// Old target snapshots expire after commits (`snapshot_retention = "0s"`, `retain_snapshots = 3`): 29 commits leave
+/// at most 4 snapshots, the manifest lists of the expired ones are deleted, every file the remaining snapshots
+/// reference is still there (iceberg-rust's scan reads the target equal to the source), and nothing else is left
+/// under `data/` or among the manifests.
+#[tokio::test(flavor = "multi_thread")]
+async fn old_target_snapshots_expire_and_their_files_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..26i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(2000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[2000 + i - 2])
+            .await
+            .unwrap();
+    }
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    let tw = dir.path().join("target");
+    let cfg =
+        config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1\nsnapshot_retention = \"0s\"\nretain_snapshots = 3"));
+    ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &first]));
+    let out = cdc(&["--log", "info", "sync", "--config", cfg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expired old target snapshots"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    let meta = target.metadata();
+    assert!((3..=4).contains(&meta.snapshots().len()), "{} snapshots left", meta.snapshots().len());
+    // what the remaining snapshots reference is exactly what is on disk (besides metadata files)
+    let mut referenced = std::collections::BTreeSet::new();
+    for s in meta.snapshots() {
+        referenced.insert(s.manifest_list().to_string());
+        let list = target.manifest_list_reader(s).load().await.unwrap();
+        for m in list.entries() {
+            referenced.insert(m.manifest_path.clone());
+            for e in m.load_manifest(target.file_io()).await.unwrap().entries() {
+                if e.is_alive() {
+                    referenced.insert(e.file_path().to_string());
+                }
+            }
+        }
+    }
+    let table_dir = tw.join("replica").join("orders");
+    let on_disk: std::collections::BTreeSet<String> =
+        files_under(&table_dir).into_iter().filter(|p| !p.ends_with(".metadata.json") && !p.ends_with("version-hint.text")).collect();
+    let referenced: std::collections::BTreeSet<String> =
+        referenced.into_iter().map(|p| p.strip_prefix("file://").or(p.strip_prefix("file:")).unwrap_or(&p).to_string()).collect();
+    let missing: Vec<_> = referenced.difference(&on_disk).collect();
+    let extra: Vec<_> = on_disk.difference(&referenced).collect();
+    assert!(missing.is_empty(), "referenced but deleted: {missing:?}");
+    assert!(extra.is_empty(), "left behind by expiry: {extra:?}");
+}

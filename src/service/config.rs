@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{unknown_in, CatalogConfig, Config, EngineConfig, KafkaConfig, SourceConfig, TargetConfig, ENGINE_KEYS, KAFKA_KEYS, TARGET_KEYS};
+use crate::config::{keys_of, unknown_in, CatalogConfig, Config, EngineConfig, KafkaConfig, SourceConfig, TargetConfig};
 use crate::error::{Error, Result};
 
 /// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
@@ -233,22 +233,17 @@ impl ServiceConfig {
     }
 }
 
-const TOP_KEYS: &[&str] = &["service", "engine", "catalogs", "pipelines"];
-const SERVICE_KEYS: &[&str] = &["metrics_address", "poll_interval", "shutdown_timeout", "stall_timeout"];
-const PIPELINE_KEYS: &[&str] = &["name", "source", "poll_interval", "commit_interval", "sinks"];
-const PIPELINE_SOURCE_KEYS: &[&str] = &["catalog", "table", "key_columns"];
-
 /// Every key no section takes (catalog sections pass unknown keys on as catalog properties).
 fn unknown_keys(value: &toml::Value) -> Vec<String> {
     let mut out = Vec::new();
-    unknown_in("", Some(value), TOP_KEYS, &mut out);
-    unknown_in("service", value.get("service"), SERVICE_KEYS, &mut out);
-    unknown_in("engine", value.get("engine"), ENGINE_KEYS, &mut out);
-    let iceberg_keys: Vec<&str> = TARGET_KEYS.iter().copied().chain(["type"]).collect();
-    let kafka_keys: Vec<&str> = KAFKA_KEYS.iter().copied().chain(["type"]).collect();
+    unknown_in("", Some(value), keys_of::<ServiceConfig>(), &mut out);
+    unknown_in("service", value.get("service"), keys_of::<ServiceSettings>(), &mut out);
+    unknown_in("engine", value.get("engine"), keys_of::<EngineConfig>(), &mut out);
+    let iceberg_keys: Vec<&str> = keys_of::<TargetConfig<String>>().iter().copied().chain(["type"]).collect();
+    let kafka_keys: Vec<&str> = keys_of::<KafkaConfig>().iter().copied().chain(["type"]).collect();
     for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
-        unknown_in(&format!("pipelines[{i}]"), Some(pl), PIPELINE_KEYS, &mut out);
-        unknown_in(&format!("pipelines[{i}].source"), pl.get("source"), PIPELINE_SOURCE_KEYS, &mut out);
+        unknown_in(&format!("pipelines[{i}]"), Some(pl), keys_of::<PipelineConfig>(), &mut out);
+        unknown_in(&format!("pipelines[{i}].source"), pl.get("source"), keys_of::<PipelineSource>(), &mut out);
         for (j, s) in pl.get("sinks").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
             let keys = if s.get("type").and_then(toml::Value::as_str) == Some("kafka") { &kafka_keys } else { &iceberg_keys };
             unknown_in(&format!("pipelines[{i}].sinks[{j}]"), Some(s), keys, &mut out);

@@ -401,9 +401,9 @@ def test_concurrent_appliers_apply_every_range_once(spark, spark_tables, warehou
         assert_replica(spark, src, tgt, cols_at(spark, src, at), at)
 
 
-def spark_maintenance(spark, tgt, version):
+def spark_maintenance(spark, tgt, version, expire=True):
     """What a table owner runs on a replica: compaction (equality and position deletes applied), position-delete
-    compaction (v2), manifest rewrite, and expiry of every snapshot but the newest."""
+    compaction (v2), manifest rewrite, and (with `expire`) expiry of every snapshot but the newest."""
     cat, ns, name = tgt.split(".")
     t = f"{ns}.{name}"
     spark.sql(f"CALL {cat}.system.rewrite_data_files(table => '{t}', "
@@ -411,27 +411,43 @@ def spark_maintenance(spark, tgt, version):
     if version == 2:
         spark.sql(f"CALL {cat}.system.rewrite_position_delete_files(table => '{t}', options => map('rewrite-all','true'))")
     spark.sql(f"CALL {cat}.system.rewrite_manifests('{t}')")
+    if not expire:
+        return
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.time() + 1))
     spark.sql(f"CALL {cat}.system.expire_snapshots(table => '{t}', older_than => TIMESTAMP '{until}', retain_last => 1)")
     spark.sql(f"REFRESH TABLE {tgt}")
     assert len(lineage(spark, tgt)) == 1, "expire_snapshots kept more than one snapshot"
 
 
-@pytest.mark.parametrize("name,kind,version", [("part_v2", "rest", 2), ("mor_v3", "hadoop", 3)])
-def test_replication_continues_after_the_owners_maintenance(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind, version):
+@pytest.mark.parametrize("name,kind,version,ours", [("part_v2", "rest", 2, True), ("mor_v3", "hadoop", 3, False)])
+def test_replication_continues_after_the_owners_maintenance(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind,
+                                                             version, ours):
     """Between every two syncs Spark compacts the target (data files, position deletes, manifests) and expires every
     snapshot but the newest — which takes every snapshot summary that recorded progress. Replication continues
     exactly: after each step the target equals the source at the synced snapshot, each key once (nothing applied
-    twice, nothing skipped)."""
+    twice, nothing skipped). With `ours`, cdc's own expiry runs too, at its most aggressive (every snapshot but the
+    head, after every commit): it expires Spark's compaction snapshots and deletes the files they replaced, and Spark
+    still reads every file the target references."""
     src = f"{CAT}.db.{name}"
-    section, tgt = target_section(kind, f"maint_{kind}.{name}", warehouse, rest_catalog, sql_target, f"format_version = {version}")
+    extra = f"format_version = {version}" + ('\nsnapshot_retention = "0s"\nretain_snapshots = 1' if ours else "")
+    section, tgt = target_section(kind, f"maint_{kind}.{name}", warehouse, rest_catalog, sql_target, extra)
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
     snaps = lineage(spark, src)
     for i, sid in enumerate(snaps):
         p = run_cdc("sync", "--config", cfg, "--to-snapshot", str(sid), "--json", check=False)
         assert p.returncode == 0, f"step {i} after maintenance: {p.stderr}"
         assert_replica(spark, src, tgt, cols_at(spark, src, sid), sid)
-        spark_maintenance(spark, tgt, version)
+        spark_maintenance(spark, tgt, version, expire=not ours)
         assert_replica(spark, src, tgt, cols_at(spark, src, sid), sid)
     p = run_cdc("sync", "--config", cfg, "--json")
     assert '"source_snapshots_applied": 0' in p.stdout, p.stdout
+    if ours:
+        # cdc's expiry deleted the files Spark's compactions replaced, and only those: the data folder holds exactly
+        # what the remaining snapshots reference
+        def local(p):
+            return "/" + (p[len("file:"):] if p.startswith("file:") else p).lstrip("/")
+        location = [r for r in spark.sql(f"DESCRIBE TABLE EXTENDED {tgt}").collect() if r[0] == "Location"][0][1]
+        on_disk = {os.path.join(d, f) for d, _, fs in os.walk(local(location) + "/data") for f in fs if not f.startswith(".")}
+        referenced = {local(r[0]) for r in spark.sql(f"SELECT file_path FROM {tgt}.all_files").collect()}
+        assert on_disk == referenced, f"left behind: {sorted(on_disk - referenced)[:3]}, missing: {sorted(referenced - on_disk)[:3]}"
+        assert len(lineage(spark, tgt)) <= 3, lineage(spark, tgt)

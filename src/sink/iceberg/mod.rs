@@ -2,6 +2,7 @@
 pub mod apply;
 pub mod deletes;
 pub mod evolve;
+pub(crate) mod expire;
 pub mod files;
 pub(crate) mod location;
 pub mod progress;

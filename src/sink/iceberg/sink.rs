@@ -30,7 +30,7 @@ use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
-use crate::sink::iceberg::{progress, target};
+use crate::sink::iceberg::{expire, progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
 
 /// An Iceberg target table.
@@ -281,6 +281,13 @@ impl<'c> IcebergSink<'c> {
                 tracing::info!(snapshot_id = id, "a commit whose answer was lost had landed");
                 return Ok(self.landed(target, id, attempts, evo.map, CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats }).await);
             }
+            if let Some(id) = landed_then_expired(&target, &attempts, &files).await? {
+                tracing::info!(snapshot_id = id, "a commit whose answer was lost had landed (its snapshot was expired since)");
+                // which attempt landed is not known here: every attempt's manifests stay
+                return Ok(self
+                    .landed(target, id, Vec::new(), evo.map, CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats })
+                    .await);
+            }
             if !retry {
                 discard(target.file_io(), Some(&now), files, &attempts).await;
                 return Err(e);
@@ -299,12 +306,35 @@ impl<'c> IcebergSink<'c> {
 
     /// Attempt `id` landed on `table`: the others can no longer (the head moved past what they require), so their
     /// manifests go; the table and the field mapping become current.
+    /// Then, when due, the target's old snapshots are expired (best effort: a failed expiry is logged, and retried
+    /// after a later commit).
     async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, stats: CommitStats) -> Committed {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
+        let table = if self.cfg.expire_snapshots { expire_when_due(self.catalog, &self.cfg, table).await } else { table };
         self.table = Some(table);
         self.map = map;
         Committed::Done { id, stats }
+    }
+
+}
+
+/// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards.
+async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table) -> Table {
+    let retention = expire::Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots };
+    match expire::expire(catalog, &table, &retention).await {
+        Ok(Some((after, e))) => {
+            tracing::info!(
+                table = %cfg.table, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
+                files = e.files, "expired old target snapshots and deleted the files only they referenced"
+            );
+            after
+        }
+        Ok(None) => table,
+        Err(e) => {
+            tracing::warn!(table = %cfg.table, error = %e, "snapshot expiry failed; replication goes on, expiry is retried after a later commit");
+            table
+        }
     }
 }
 
@@ -334,6 +364,28 @@ impl TargetState {
 /// The attempt the target holds, if one landed after all.
 fn landed(attempts: &[Attempt], now: &TargetState) -> Option<i64> {
     attempts.iter().map(|a| a.snapshot_id).find(|id| now.snapshots.contains(id))
+}
+
+/// An attempt whose outcome was unknown can have landed and had its snapshot expired since (by this process's expiry
+/// or the owner's maintenance), before this run reloaded the target: its snapshot is gone, yet the head references
+/// its files, and deleting them would break the table. Reads the head's manifests (only on this rare path) and
+/// answers with the attempt taken to have landed. A failed read is an error: the files then stay (orphans at worst).
+async fn landed_then_expired(target: &Table, attempts: &[Attempt], files: &[String]) -> Result<Option<i64>> {
+    let meta = target.metadata();
+    let Some(unknown) = attempts.iter().rev().find(|a| a.outcome_unknown && meta.snapshot_by_id(a.snapshot_id).is_none()) else { return Ok(None) };
+    let Some(head) = meta.current_snapshot() else { return Ok(None) };
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let ours: HashSet<&str> = files.iter().map(String::as_str).collect();
+    let list = target.manifest_list_reader(head).load().await.map_err(|e| Error::data(head.manifest_list(), e))?;
+    for m in list.entries() {
+        let manifest = m.load_manifest(target.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e))?;
+        if manifest.entries().iter().any(|e| e.is_alive() && ours.contains(e.file_path())) {
+            return Ok(Some(unknown.snapshot_id));
+        }
+    }
+    Ok(None)
 }
 
 /// Whether an attempt may still land on a target in state `now` (`None`: unknown): only one whose outcome is
