@@ -316,7 +316,6 @@ impl<'c> IcebergSink<'c> {
         self.map = map;
         Committed::Done { id, stats }
     }
-
 }
 
 /// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards.
