@@ -98,7 +98,13 @@ pub(crate) fn due(expirable: usize, total: usize) -> bool {
 /// `None` when nothing was due or another writer committed first (the next round retries).
 pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retention) -> Result<Option<(Table, Expired)>> {
     let meta = table.metadata();
-    let ids = plan(meta, &refs(meta), chrono::Utc::now().timestamp_millis(), retention);
+    let now = chrono::Utc::now().timestamp_millis();
+    // after every commit, so first the cheap bound: with main as the only ref, other refs can only keep more
+    let main_only: Vec<Ref> = meta.current_snapshot_id().map(|id| Ref { name: "main".into(), snapshot_id: id, branch: true }).into_iter().collect();
+    if !due(plan(meta, &main_only, now, retention).len(), meta.snapshots().len()) {
+        return Ok(None);
+    }
+    let ids = plan(meta, &refs(meta), now, retention);
     if !due(ids.len(), meta.snapshots().len()) {
         return Ok(None);
     }

@@ -371,7 +371,9 @@ fn landed(attempts: &[Attempt], now: &TargetState) -> Option<i64> {
 /// answers with the attempt taken to have landed. A failed read is an error: the files then stay (orphans at worst).
 async fn landed_then_expired(target: &Table, attempts: &[Attempt], files: &[String]) -> Result<Option<i64>> {
     let meta = target.metadata();
-    let Some(unknown) = attempts.iter().rev().find(|a| a.outcome_unknown && meta.snapshot_by_id(a.snapshot_id).is_none()) else { return Ok(None) };
+    // a landed attempt moved the head past the parent it required: while the head is that parent, none landed
+    let gone = |a: &&Attempt| a.outcome_unknown && meta.snapshot_by_id(a.snapshot_id).is_none() && meta.current_snapshot_id() != a.parent;
+    let Some(unknown) = attempts.iter().rev().find(gone) else { return Ok(None) };
     let Some(head) = meta.current_snapshot() else { return Ok(None) };
     if files.is_empty() {
         return Ok(None);
