@@ -91,7 +91,7 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
         tokio::select! {
             _ = tick.tick() => {
                 let statuses = telemetry.statuses();
-                telemetry.schedule_checked(&telemetry.overdue(settings.stall_timeout), &mut overdue);
+                telemetry.schedule_checked(&statuses, settings.stall_timeout, &mut overdue);
                 // A loop behind its schedule (stuck in a poll, never started, starved) must get the service
                 // restarted: stop feeding the watchdog.
                 if watchdog.is_some() && overdue.is_empty() {

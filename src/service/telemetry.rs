@@ -274,10 +274,12 @@ impl Telemetry {
         });
     }
 
-    /// Event: the service checked every loop's schedule (`overdue`: the late ones and why). Counts them in
-    /// `cdc_pipeline_overdue` and logs each change: a loop falling behind, a loop back on schedule.
-    pub fn schedule_checked(&self, overdue: &[(RunLabels, String)], was: &mut BTreeMap<RunLabels, String>) {
-        let now: BTreeMap<RunLabels, String> = overdue.iter().cloned().collect();
+    /// Event: the service checked every loop's schedule in `statuses` (late beyond `stall`, see
+    /// [`RunStatus::overdue`]; `was`: the late ones at the last check). Counts them in `cdc_pipeline_overdue` and
+    /// logs each change: a loop falling behind, a loop back on schedule.
+    pub fn schedule_checked(&self, statuses: &[(RunLabels, RunStatus)], stall: Duration, was: &mut BTreeMap<RunLabels, String>) {
+        let at = Instant::now();
+        let now: BTreeMap<RunLabels, String> = statuses.iter().filter_map(|(l, s)| Some((l.clone(), s.overdue(at, stall)?))).collect();
         for (l, why) in &now {
             if !was.contains_key(l) {
                 tracing::error!(pipeline = %l.pipeline, sink = %l.sink, reason = %why, "pipeline overdue: it is not running on schedule");
@@ -286,8 +288,8 @@ impl Telemetry {
         for l in was.keys().filter(|l| !now.contains_key(*l)) {
             tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline back on schedule");
         }
-        for (l, _) in self.statuses() {
-            self.overdue.get_or_create(&l).set(i64::from(now.contains_key(&l)));
+        for (l, _) in statuses {
+            self.overdue.get_or_create(l).set(i64::from(now.contains_key(l)));
         }
         *was = now;
     }

@@ -9,3 +9,43 @@ pub mod rowenc;
 /// Reserved field ids of position-delete files (Iceberg spec): `file_path` and `pos`.
 pub const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
 pub const POS_DELETE_POS_ID: i32 = 2147483545;
+
+/// Table metadata for unit tests, built from its JSON form.
+#[cfg(test)]
+pub(crate) mod testing {
+    use iceberg::spec::TableMetadata;
+    use serde_json::{json, Value};
+
+    /// One snapshot: id, parent, sequence number, commit time (ms) and summary entries beside `operation`.
+    pub(crate) type Snap = (i64, Option<i64>, i64, i64, Value);
+
+    /// A v2 table (one `long` column, unpartitioned) holding `snapshots`, with branches and tags `refs` (as metadata
+    /// files write them), table `properties`, and main's head `head`.
+    pub(crate) fn metadata(snapshots: &[Snap], refs: Value, properties: Value, head: i64) -> TableMetadata {
+        let snaps: Vec<Value> = snapshots
+            .iter()
+            .map(|(id, parent, seq, ts, extra)| {
+                let mut summary = json!({"operation": "append"});
+                for (k, v) in extra.as_object().into_iter().flatten() {
+                    summary[k] = v.clone();
+                }
+                let mut s = json!({"snapshot-id": id, "sequence-number": seq, "timestamp-ms": ts,
+                    "manifest-list": format!("/t/metadata/snap-{id}.avro"), "summary": summary, "schema-id": 0});
+                if let Some(p) = parent {
+                    s["parent-snapshot-id"] = (*p).into();
+                }
+                s
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "format-version": 2, "table-uuid": "5a1c6e2e-0000-4000-8000-0000000000ff", "location": "/t",
+            "last-sequence-number": snapshots.iter().map(|s| s.2).max().unwrap_or(0),
+            "last-updated-ms": snapshots.iter().map(|s| s.3).max().unwrap_or(0) + 1, "last-column-id": 1, "current-schema-id": 0,
+            "schemas": [{"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]}],
+            "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}], "last-partition-id": 999,
+            "default-sort-order-id": 0, "sort-orders": [{"order-id": 0, "fields": []}], "properties": properties,
+            "current-snapshot-id": head, "snapshots": snaps, "refs": refs, "snapshot-log": [], "metadata-log": []
+        }))
+        .expect("valid test metadata")
+    }
+}

@@ -284,7 +284,7 @@ impl CommitWriter {
         let meta = self.table.metadata();
         let spec = meta.default_partition_spec();
         let spec_id = spec.spec_id();
-        let locations = super::location::Locations::new(meta)?;
+        let locations = super::location::Locations::new(meta);
         let name = |kind: &str, ext: &str| format!("cdc-{}-{kind}.{ext}", uuid::Uuid::new_v4());
         let location = |part: &Option<Struct>, file: &str| {
             let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), self.schema.clone(), p.clone()));

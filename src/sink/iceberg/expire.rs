@@ -65,9 +65,14 @@ pub(crate) fn refs(meta: &TableMetadata) -> Vec<Ref> {
         .filter_map(|(name, r)| Some(Ref { name: name.clone(), snapshot_id: r["snapshot-id"].as_i64()?, branch: r["type"].as_str() != Some("tag") }))
         .collect();
     if out.is_empty() {
-        out.extend(meta.current_snapshot_id().map(|id| Ref { name: "main".into(), snapshot_id: id, branch: true }));
+        out.extend(main_ref(meta));
     }
     out
+}
+
+/// The main branch as a ref (at the current snapshot).
+fn main_ref(meta: &TableMetadata) -> Option<Ref> {
+    meta.current_snapshot_id().map(|id| Ref { name: "main".into(), snapshot_id: id, branch: true })
 }
 
 /// Snapshots of `meta` to expire at `now_ms` under `retention` (see the module docs), oldest first.
@@ -100,7 +105,7 @@ pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retenti
     let meta = table.metadata();
     let now = chrono::Utc::now().timestamp_millis();
     // after every commit, so first the cheap bound: with main as the only ref, other refs can only keep more
-    let main_only: Vec<Ref> = meta.current_snapshot_id().map(|id| Ref { name: "main".into(), snapshot_id: id, branch: true }).into_iter().collect();
+    let main_only: Vec<Ref> = main_ref(meta).into_iter().collect();
     if !due(plan(meta, &main_only, now, retention).len(), meta.snapshots().len()) {
         return Ok(None);
     }
@@ -156,6 +161,11 @@ async fn manifests_of(table: &Table, snapshots: &[SnapshotRef]) -> Result<HashMa
     Ok(out)
 }
 
+/// Paths of the data and delete files live in `snapshots` (what a reader of any of them reads).
+pub(crate) async fn live_files_of(table: &Table, snapshots: &[SnapshotRef]) -> Result<HashSet<String>> {
+    live_files(table, manifests_of(table, snapshots).await?.into_values().collect()).await
+}
+
 /// Paths of the files live (added or existing) in the manifests.
 async fn live_files(table: &Table, manifests: Vec<iceberg::spec::ManifestFile>) -> Result<HashSet<String>> {
     let mut out = HashSet::new();
@@ -170,28 +180,11 @@ async fn live_files(table: &Table, manifests: Vec<iceberg::spec::ManifestFile>) 
 mod tests {
     use super::*;
 
-    /// A v2 table with `snapshots` (id, parent, timestamp ms) and `refs`.
+    /// A v2 table with `snapshots` (id = sequence number, parent, timestamp ms) and `refs`.
     fn table(snapshots: &[(i64, Option<i64>, i64)], refs: serde_json::Value, head: i64) -> TableMetadata {
-        let snaps: Vec<_> = snapshots
-            .iter()
-            .map(|(id, parent, ts)| {
-                let mut s = serde_json::json!({"snapshot-id": id, "sequence-number": id, "timestamp-ms": ts,
-                    "manifest-list": format!("/t/metadata/snap-{id}.avro"), "summary": {"operation": "append"}, "schema-id": 0});
-                if let Some(p) = parent {
-                    s["parent-snapshot-id"] = (*p).into();
-                }
-                s
-            })
-            .collect();
-        serde_json::from_value(serde_json::json!({
-            "format-version": 2, "table-uuid": "5a1c6e2e-0000-4000-8000-0000000000ff", "location": "/t",
-            "last-sequence-number": snapshots.len(), "last-updated-ms": 1_000_000, "last-column-id": 1, "current-schema-id": 0,
-            "schemas": [{"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]}],
-            "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}], "last-partition-id": 999,
-            "default-sort-order-id": 0, "sort-orders": [{"order-id": 0, "fields": []}], "properties": {},
-            "current-snapshot-id": head, "snapshots": snaps, "refs": refs, "snapshot-log": [], "metadata-log": []
-        }))
-        .unwrap()
+        let snaps: Vec<crate::spec::testing::Snap> =
+            snapshots.iter().map(|(id, parent, ts)| (*id, *parent, *id, *ts, serde_json::json!({}))).collect();
+        crate::spec::testing::metadata(&snaps, refs, serde_json::json!({}), head)
     }
 
     fn chain(n: i64) -> Vec<(i64, Option<i64>, i64)> {

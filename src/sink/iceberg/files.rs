@@ -164,7 +164,7 @@ impl PartitionedWriter {
             spec,
             splitter,
             file_io: table.file_io().clone(),
-            locations: Locations::new(meta)?,
+            locations: Locations::new(meta),
             target_size,
             prefix: format!("cdc-{}", uuid::Uuid::new_v4()),
             counter: 0,

@@ -12,8 +12,6 @@
 //! path the metadata holds.
 use iceberg::spec::{Literal, PartitionKey, PrimitiveLiteral, TableMetadata, Transform};
 
-use crate::error::Result;
-
 const WRITE_DATA_PATH: &str = "write.data.path";
 const FOLDER_STORAGE_PATH: &str = "write.folder-storage.path";
 
@@ -25,13 +23,13 @@ pub(crate) struct Locations {
 
 impl Locations {
     /// The locations of `meta`'s table.
-    pub(crate) fn new(meta: &TableMetadata) -> Result<Locations> {
+    pub(crate) fn new(meta: &TableMetadata) -> Locations {
         let props = meta.properties();
         let dir = match props.get(WRITE_DATA_PATH).or_else(|| props.get(FOLDER_STORAGE_PATH)) {
             Some(d) => d.clone(),
             None => format!("{}/data", meta.location()),
         };
-        Ok(Locations { data_dir: dir.trim_end_matches('/').to_string() })
+        Locations { data_dir: dir.trim_end_matches('/').to_string() }
     }
 
     /// Where a file named `name` of partition `key` goes (`None` or an unpartitioned key: the data directory).

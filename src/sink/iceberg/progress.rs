@@ -86,38 +86,23 @@ mod tests {
     /// A v2 target whose main branch is `main` (oldest first), with every snapshot of `all`:
     /// (id, parent, sequence number, records progress of this source snapshot).
     fn target(all: &[(i64, Option<i64>, i64, Option<i64>)], main: i64, property: Option<&str>) -> TableMetadata {
-        let snapshots: Vec<_> = all
+        let snaps: Vec<crate::spec::testing::Snap> = all
             .iter()
             .map(|(id, parent, seq, progress)| {
-                let mut summary = serde_json::json!({"operation": "append"});
-                if let Some(p) = progress {
-                    summary[SOURCE_TABLE_UUID] = SOURCE.into();
-                    summary[SOURCE_SNAPSHOT_ID] = p.to_string().into();
-                    summary[SOURCE_SEQUENCE_NUMBER] = p.to_string().into();
-                }
-                let mut s = serde_json::json!({"snapshot-id": id, "sequence-number": seq, "timestamp-ms": 1_700_000_000_000i64 + seq,
-                    "manifest-list": format!("/t/metadata/snap-{id}.avro"), "summary": summary, "schema-id": 0});
-                if let Some(p) = parent {
-                    s["parent-snapshot-id"] = (*p).into();
-                }
-                s
+                let summary = match progress {
+                    Some(p) => {
+                        serde_json::json!({SOURCE_TABLE_UUID: SOURCE, SOURCE_SNAPSHOT_ID: p.to_string(), SOURCE_SEQUENCE_NUMBER: p.to_string()})
+                    }
+                    None => serde_json::json!({}),
+                };
+                (*id, *parent, *seq, 1_700_000_000_000 + seq, summary)
             })
             .collect();
-        let mut props = serde_json::Map::new();
-        if let Some(v) = property {
-            props.insert(format!("{PROPERTY_PREFIX}{SOURCE}"), v.into());
-        }
-        serde_json::from_value(serde_json::json!({
-            "format-version": 2, "table-uuid": "5a1c6e2e-0000-4000-8000-0000000000ff", "location": "/t",
-            "last-sequence-number": all.iter().map(|s| s.2).max().unwrap_or(0), "last-updated-ms": 1_700_000_001_000i64,
-            "last-column-id": 1, "current-schema-id": 0,
-            "schemas": [{"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]}],
-            "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}], "last-partition-id": 999,
-            "default-sort-order-id": 0, "sort-orders": [{"order-id": 0, "fields": []}],
-            "properties": props, "current-snapshot-id": main, "snapshots": snapshots,
-            "refs": {"main": {"snapshot-id": main, "type": "branch"}}, "snapshot-log": [], "metadata-log": []
-        }))
-        .unwrap()
+        let props = match property {
+            Some(v) => serde_json::json!({format!("{PROPERTY_PREFIX}{SOURCE}"): v}),
+            None => serde_json::json!({}),
+        };
+        crate::spec::testing::metadata(&snaps, serde_json::json!({"main": {"snapshot-id": main, "type": "branch"}}), props, main)
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct RowDelta {
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
 pub struct PreparedCommit {
     pub snapshot_id: i64,
+    /// The new snapshot's sequence number.
+    pub sequence_number: i64,
     pub requirements: Vec<TableRequirement>,
     pub updates: Vec<TableUpdate>,
     /// The manifests and the manifest list this commit wrote (garbage unless it lands).
@@ -205,7 +207,7 @@ impl RowDelta {
         if !self.table_properties.is_empty() {
             updates.push(TableUpdate::SetProperties { updates: self.table_properties });
         }
-        Ok(PreparedCommit { snapshot_id, requirements, updates, metadata_files })
+        Ok(PreparedCommit { snapshot_id, sequence_number: seq, requirements, updates, metadata_files })
     }
 }
 

@@ -233,8 +233,7 @@ impl<'c> IcebergSink<'c> {
         loop {
             let mut prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
-            let seq = target.metadata().next_sequence_number();
-            prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, seq));
+            prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, prepared.sequence_number));
             attempts.push(Attempt {
                 snapshot_id: prepared.snapshot_id,
                 parent: target.metadata().current_snapshot_id(),
@@ -378,15 +377,8 @@ async fn landed_then_expired(target: &Table, attempts: &[Attempt], files: &[Stri
     if files.is_empty() {
         return Ok(None);
     }
-    let ours: HashSet<&str> = files.iter().map(String::as_str).collect();
-    let list = target.manifest_list_reader(head).load().await.map_err(|e| Error::data(head.manifest_list(), e))?;
-    for m in list.entries() {
-        let manifest = m.load_manifest(target.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e))?;
-        if manifest.entries().iter().any(|e| e.is_alive() && ours.contains(e.file_path())) {
-            return Ok(Some(unknown.snapshot_id));
-        }
-    }
-    Ok(None)
+    let live = expire::live_files_of(target, std::slice::from_ref(head)).await?;
+    Ok(files.iter().any(|f| live.contains(f)).then_some(unknown.snapshot_id))
 }
 
 /// Whether an attempt may still land on a target in state `now` (`None`: unknown): only one whose outcome is
