@@ -259,7 +259,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 b
             });
             let (mut rows, mut bytes) = (0u64, 0u64);
-            let summary = pipeline::run_sync(&cfg, from, to, |c| {
+            // the destinations first: a config without one fails before anything is read
+            let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table)).await?;
+            let mut sinks = iceberg_cdc::sink::testing::PauseBeforeCommit::from_env(opened);
+            let summary = pipeline::run_sync(&cfg, &mut sinks, from, to, |c| {
                 let s = &c.stats;
                 if let Some(b) = &bar {
                     rows += s.inserts + s.deletes + s.updates;

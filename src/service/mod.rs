@@ -1,9 +1,10 @@
 //! `cdc run`: the long-running service. A loop per (pipeline, sink), each on an OS thread of its own (no pool caps
 //! their number), plus signals plus systemd notify.
 //!
-//! Each loop polls its source on its interval: a poll loads the source's and the target's metadata only, and when
-//! the source has snapshots beyond the target's recorded progress it calls the same runner as `cdc sync`
-//! ([`crate::pipeline::run_once`]), coalescing every new snapshot into one commit, at most one commit per
+//! Each loop polls its source on its interval with one [`poll`] function, whatever its sinks: a poll loads the
+//! source's and the sinks' metadata only (nothing when the cheap marks say nothing moved), and when the source has
+//! snapshots beyond a sink's recorded progress it calls the same runner as `cdc sync` ([`crate::pipeline::run`]),
+//! coalescing every new snapshot into one commit, at most one commit per
 //! `commit_interval`. Loops are isolated: a failing one (catalog down, table missing) retries with jittered
 //! exponential backoff and is reported; a permanent error (schema the target cannot follow, expired progress) stops
 //! that loop only, visibly, until a reload. A panicking loop is restarted; shared state is never poisoned.
@@ -35,8 +36,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::pipeline;
 use crate::sink::iceberg::progress;
-use crate::sink::iceberg::sink::IcebergSink;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::Sink;
 use crate::spec::lineage;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
@@ -227,27 +227,18 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
     if let Some(t) = cfg.target.as_mut() {
         t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
     }
-    let mut catalogs: Option<(Catalog, Catalog)> = None;
-    // a Kafka sink keeps its producer (and the pipeline's transactional id) across polls
-    let mut kafka: Option<(Catalog, KafkaSink)> = None;
-    let mut fan: Option<(Catalog, Catalog, KafkaSink)> = None;
+    // the catalogs and clients, kept across polls (a Kafka sink keeps its producer and transactional id)
+    let mut state: Option<Pipeline> = None;
     // delete files stay read across polls (bounded to what the source still references)
-    let cache = Arc::new(crate::source::changelog::DeleteCache::default());
+    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(Arc::new(crate::source::changelog::DeleteCache::default())) };
     let mut failures = 0u32;
     let mut last_commit: Option<Instant> = None;
-    // metadata locations (source, target) of the last poll that found the target caught up
-    let mut idle: Option<(String, String)> = None;
     loop {
         if *stop.borrow() {
             break;
         }
         telemetry.poll_began(&labels);
-        let polled = match (&cfg.kafka, &cfg.target) {
-            (Some(k), Some(_)) => poll_fanout(&cfg, k, &run, &mut fan, &stop, &cache, &labels, &telemetry).await,
-            (Some(k), None) => poll_kafka(&cfg, k, &run, &mut kafka, &stop, &cache, &labels, &telemetry).await,
-            _ => poll(&cfg, &run, &mut catalogs, &stop, &cache, &mut idle, &labels, &telemetry, &mut last_commit).await,
-        };
-        let wait = match polled {
+        let wait = match poll(&cfg, &run, &mut state, &control, &mut last_commit, &labels, &telemetry).await {
             Ok(()) => {
                 failures = 0;
                 run.poll_interval
@@ -260,12 +251,9 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
                 break;
             }
             Err(e) => {
-                if matches!(e, Error::Catalog { .. }) {
-                    catalogs = None; // reconnect next time
-                }
-                if matches!(e, Error::Kafka { .. } | Error::Catalog { .. }) {
-                    kafka = None; // a new producer: it aborts what the failed one left open
-                    fan = None;
+                if matches!(e, Error::Catalog { .. } | Error::Kafka { .. }) {
+                    // reconnect next time (a new Kafka producer aborts what the failed one left open)
+                    state = None;
                 }
                 failures += 1;
                 let base = run.poll_interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
@@ -282,128 +270,80 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
     }
 }
 
-/// One poll of a pipeline with an Iceberg table and a Kafka topic: one read of the source feeds both (the one
-/// behind catches up alone first).
-#[allow(clippy::too_many_arguments)]
-async fn poll_fanout(
-    cfg: &crate::config::Config,
-    k: &crate::config::KafkaConfig,
-    run: &Run,
-    state: &mut Option<(Catalog, Catalog, KafkaSink)>,
-    stop: &watch::Receiver<bool>,
-    cache: &Arc<crate::source::changelog::DeleteCache>,
-    labels: &RunLabels,
-    telemetry: &Telemetry,
-) -> Result<()> {
-    let tcfg = cfg.target.as_ref().expect("a fan-out run has a target");
-    if state.is_none() {
-        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
-        let t = Catalog::connect(&tcfg.catalog, "target").await?;
-        *state = Some((s, t, KafkaSink::new(k.clone(), run.pipeline.clone(), cfg.engine.memory_budget)));
-    }
-    let (scat, tcat, ksink) = state.as_mut().expect("just connected");
-    let source = scat.load_table(&cfg.source.table).await?;
-    let meta = source.metadata();
-    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let mut isink = IcebergSink::new(tcat, tcfg.clone(), cfg.engine.memory_budget);
-    let sinks: Vec<&mut dyn crate::sink::Sink> = vec![&mut isink, ksink];
-    let summary = crate::sink::fanout::run(cfg, &source, sinks, None, None, &control, |r| telemetry.committed(labels, r)).await?;
-    telemetry.synced(labels, &summary);
-    let (secs, n) = lag(&pending_snapshots(meta, summary.source_snapshot_id));
-    telemetry.polled(labels, secs, n);
-    Ok(())
+/// What a loop keeps between polls.
+struct Pipeline {
+    /// The source's catalog.
+    source: Catalog,
+    /// The destinations, each with its catalog or client ([`crate::sink::open`]).
+    sinks: Vec<Box<dyn Sink>>,
+    /// The marks (source metadata location, then each sink's [`Sink::mark`]) of the last poll that found nothing to
+    /// do.
+    idle: Option<Vec<Option<String>>>,
 }
 
-/// One poll of a Kafka sink: publish what is new since its progress (kept in memory between polls: this instance
-/// fenced every other one when it connected).
-#[allow(clippy::too_many_arguments)]
-async fn poll_kafka(
-    cfg: &crate::config::Config,
-    k: &crate::config::KafkaConfig,
-    run: &Run,
-    state: &mut Option<(Catalog, KafkaSink)>,
-    stop: &watch::Receiver<bool>,
-    cache: &Arc<crate::source::changelog::DeleteCache>,
-    labels: &RunLabels,
-    telemetry: &Telemetry,
-) -> Result<()> {
-    if state.is_none() {
-        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
-        *state = Some((s, KafkaSink::new(k.clone(), run.pipeline.clone(), cfg.engine.memory_budget)));
-    }
-    let (scat, sink) = state.as_mut().expect("just connected");
-    let source = scat.load_table(&cfg.source.table).await?;
-    let meta = source.metadata();
-    if let Some(p) = sink.progress_snapshot() {
-        if meta.current_snapshot_id() == Some(p) {
-            telemetry.polled(labels, 0.0, 0);
-            return Ok(());
-        }
-    }
-    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let summary = pipeline::run_once(cfg, &source, sink, None, None, &control, |r| telemetry.committed(labels, r)).await?;
-    telemetry.synced(labels, &summary);
-    let (secs, n) = lag(&pending_snapshots(meta, summary.source_snapshot_id.or(sink.progress_snapshot())));
-    telemetry.polled(labels, secs, n);
-    Ok(())
-}
-
-/// One poll: compare the source head with the target's recorded progress; apply what is new.
+/// One poll, whatever the sinks: when the source has snapshots beyond the least advanced sink's progress, run the
+/// same runner as `cdc sync` over them (at most one commit per `commit_interval`).
 #[allow(clippy::too_many_arguments)]
 async fn poll(
     cfg: &crate::config::Config,
     run: &Run,
-    catalogs: &mut Option<(Catalog, Catalog)>,
-    stop: &watch::Receiver<bool>,
-    cache: &Arc<crate::source::changelog::DeleteCache>,
-    idle: &mut Option<(String, String)>,
+    state: &mut Option<Pipeline>,
+    control: &pipeline::RunControl,
+    last_commit: &mut Option<Instant>,
     labels: &RunLabels,
     telemetry: &Telemetry,
-    last_commit: &mut Option<Instant>,
 ) -> Result<()> {
-    let tcfg = cfg.target.as_ref().expect("service runs always have a target");
-    if catalogs.is_none() {
-        let s = Catalog::connect(&cfg.source.catalog, "source").await?;
-        let t = Catalog::connect(&tcfg.catalog, "target").await?;
-        *catalogs = Some((s, t));
+    if state.is_none() {
+        let source = Catalog::connect(&cfg.source.catalog, "source").await?;
+        *state = Some(Pipeline { source, sinks: crate::sink::open(cfg, &run.pipeline).await?, idle: None });
     }
-    let (scat, tcat) = catalogs.as_ref().expect("just connected");
-    // Nothing moved since a poll that found the target caught up: skip loading any metadata.
-    let locations = (scat.cheap_metadata_location(&cfg.source.table).await?, tcat.cheap_metadata_location(&tcfg.table).await?);
-    if let (Some(s), Some(t)) = &locations {
-        if idle.as_ref().is_some_and(|(ls, lt)| ls == s && lt == t) {
-            telemetry.polled(labels, 0.0, 0);
-            return Ok(());
+    let p = state.as_mut().expect("just connected");
+    // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
+    // the progress they stand for: a change in between shows as a new mark next time.)
+    let mut marks = vec![p.source.cheap_metadata_location(&cfg.source.table).await?];
+    for s in p.sinks.iter_mut() {
+        marks.push(s.mark().await?);
+    }
+    if marks.iter().all(Option::is_some) && p.idle.as_ref() == Some(&marks) {
+        telemetry.polled(labels, 0.0, 0);
+        return Ok(());
+    }
+    p.idle = None;
+    let source = p.source.load_table(&cfg.source.table).await?;
+    let meta = source.metadata();
+    let Some(head) = meta.current_snapshot() else {
+        telemetry.polled(labels, 0.0, 0);
+        p.idle = Some(marks);
+        return Ok(()); // nothing to replicate yet
+    };
+    let info = pipeline::source_info(cfg, &source, head)?;
+    // the least advanced sink decides what is pending
+    let mut pending = Vec::new();
+    for s in p.sinks.iter_mut() {
+        let behind = pending_snapshots(meta, s.recorded(&info).await?);
+        if behind.len() > pending.len() {
+            pending = behind;
         }
     }
-    *idle = None;
-    let source = scat.load_table(&cfg.source.table).await?;
-    let meta = source.metadata();
-    let recorded = match tcat.load_table(&tcfg.table).await {
-        Ok(t) => progress::read(t.metadata(), &meta.uuid().to_string()).map(|p| p.source_snapshot_id),
-        Err(Error::TableNotFound { .. }) => None,
-        Err(e) => return Err(e),
-    };
-    let pending = pending_snapshots(meta, recorded);
     if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
         let (secs, n) = lag(&pending);
         telemetry.polled(labels, secs, n);
         if pending.is_empty() {
-            if let (Some(s), Some(t)) = locations {
-                *idle = Some((s, t));
-            }
+            p.idle = Some(marks);
         }
         return Ok(());
     }
-    let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(cache.clone()) };
-    let mut sink = IcebergSink::new(tcat, tcfg.clone(), cfg.engine.memory_budget);
-    let summary = pipeline::run_once(cfg, &source, &mut sink, None, None, &control, |r| telemetry.committed(labels, r)).await?;
+    let summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
     if !summary.target_snapshot_ids.is_empty() {
         *last_commit = Some(Instant::now());
     }
     // what is left of this poll's view of the source (commits that landed meanwhile show at the next poll)
-    let (secs, n) = lag(&pending_snapshots(meta, summary.source_snapshot_id.or(recorded)));
+    let left = match summary.source_snapshot_id {
+        Some(at) => pending_snapshots(meta, Some(at)),
+        None => pending,
+    };
+    let (secs, n) = lag(&left);
     telemetry.polled(labels, secs, n);
     Ok(())
 }

@@ -3,22 +3,19 @@
 //! [`FanOut`] is a [`Sink`] over sinks that record the same progress: every commit of the runner is begun, written
 //! and committed in each of them, so each source snapshot is scanned once for all. Sinks keep their own progress;
 //! when they disagree (a new sink, one that failed after another committed, different start positions), the ones
-//! behind first catch up alone to the most advanced one ([`run`] does this), and the shared run starts from there.
+//! behind first catch up alone to the most advanced one (the runner in `pipeline` does this), and the shared run
+//! starts from there.
 //!
 //! Invariant: a commit is valid in each sink on that sink's own recorded progress, which equals the chunk's base; a
 //! sink that fails after another committed leaves the two apart, which the next run's catch-up repairs — never by
 //! applying a range twice to any sink.
 use ::iceberg::spec::SchemaRef;
-use ::iceberg::table::Table;
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::pipeline::{run_once, CommitReport, RunControl, SyncSummary};
 use crate::sink::{Chunk, Committed, Initial, Sink, SourceInfo};
-use crate::spec::lineage::{self, Bound};
 
 /// Sinks at the same progress, written together.
 pub struct FanOut<'a> {
@@ -165,59 +162,4 @@ fn agree(all: &[Option<i64>], what: &str) -> Result<Option<i64>> {
         }),
         None => Ok(None),
     }
-}
-
-/// Runs `sinks` over the source range with one read: the sinks behind the most advanced one catch up alone (to its
-/// progress), then all of them share the rest of the range. Returns one summary per sink's catch-up (if any) and
-/// the shared run's.
-pub async fn run(
-    cfg: &Config,
-    source: &Table,
-    sinks: Vec<&mut dyn Sink>,
-    from: Option<Bound>,
-    to: Option<Bound>,
-    control: &RunControl,
-    mut on_commit: impl FnMut(&CommitReport),
-) -> Result<SyncSummary> {
-    let meta = source.metadata();
-    let Some(current) = meta.current_snapshot() else {
-        // nothing to read; each sink records nothing
-        let mut fan = FanOut::new(sinks);
-        return run_once(cfg, source, &mut fan, from, to, control, &mut on_commit).await;
-    };
-    let info = crate::pipeline::source_info(cfg, source, current)?;
-    let mut sinks = sinks;
-    let mut recorded = Vec::new();
-    for s in sinks.iter_mut() {
-        recorded.push(s.recorded(&info).await?);
-    }
-    // the most advanced progress on the source's history (None: nothing recorded)
-    let ahead = recorded.iter().flatten().copied().fold(None, |best: Option<i64>, p| match best {
-        Some(b) if lineage::is_ancestor(meta, p, b) => Some(b),
-        _ => Some(p),
-    });
-    let mut catch_up = SyncSummary::default();
-    if ahead.is_none() && sinks.iter().any(|s| s.initial() != sinks[0].initial()) {
-        // nothing recorded anywhere and different start positions (a copy here, every change there): each alone
-        let mut last = SyncSummary::default();
-        for s in sinks.iter_mut() {
-            last = run_once(cfg, source, &mut **s, from, to, control, &mut on_commit).await?;
-        }
-        return Ok(last);
-    }
-    if recorded.iter().any(|p| *p != ahead) {
-        if let Some(a) = ahead {
-            for (s, p) in sinks.iter_mut().zip(&recorded) {
-                if *p != ahead {
-                    tracing::info!(sink = %s.label(), from = ?p, to = a, "catching up alone before the shared read");
-                    let r = run_once(cfg, source, &mut **s, from, Some(Bound::Snapshot(a)), control, &mut on_commit).await?;
-                    catch_up.source_snapshots_applied += r.source_snapshots_applied;
-                }
-            }
-        }
-    }
-    let mut fan = FanOut::new(sinks);
-    let mut summary = run_once(cfg, source, &mut fan, from, to, control, &mut on_commit).await?;
-    summary.source_snapshots_applied += catch_up.source_snapshots_applied;
-    Ok(summary)
 }

@@ -9,15 +9,36 @@
 //!
 //! A sink that finds its progress moved by another writer answers [`Committed::Replan`]; the runner then plans again
 //! from what the sink records — never re-applying a range, never moving progress backwards.
+//!
+//! [`open`] is the one place that turns a pipeline's configuration into its destinations; each sink owns its catalog
+//! or client. Adding a destination: a config section, a folder here implementing [`Sink`], and one arm in [`open`].
 pub mod fanout;
 pub mod iceberg;
 pub mod kafka;
+pub mod testing;
 
 use ::iceberg::spec::{SchemaRef, SnapshotRef, TableMetadataRef};
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 
-use crate::error::Result;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// The destinations `cfg` names, in commit order (the Iceberg table before the Kafka topic), each owning its catalog
+/// or client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
+pub async fn open(cfg: &Config, pipeline: &str) -> Result<Vec<Box<dyn Sink>>> {
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    if let Some(t) = &cfg.target {
+        sinks.push(Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget).await?));
+    }
+    if let Some(k) = &cfg.kafka {
+        sinks.push(Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)));
+    }
+    if sinks.is_empty() {
+        return Err(Error::Config(vec!["[target] or [kafka]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into()]));
+    }
+    Ok(sinks)
+}
 
 /// The source a sink serves, as the runner resolved it.
 #[derive(Debug, Clone)]
@@ -102,6 +123,12 @@ pub trait Sink: Send {
     /// Source snapshots one commit may cover (`None`: the runner's default).
     fn snapshots_per_commit(&self) -> Option<usize> {
         None
+    }
+    /// A cheap token that changes whenever the sink's recorded progress may have changed (a metadata location, the
+    /// progress it wrote last); `None`: unknown. A poll that finds the source and every sink's mark as they were when
+    /// it last found nothing to do skips loading any metadata.
+    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
+        Box::pin(async { Ok(None) })
     }
     /// Reloads the sink's state; the source snapshot its recorded progress is at (`None`: nothing recorded).
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>>;

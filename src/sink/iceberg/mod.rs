@@ -1,5 +1,6 @@
 //! Writing to Iceberg tables: data and equality-delete files, and the row-delta commit iceberg-rust 0.10.1 lacks.
 pub mod apply;
+mod commit;
 pub mod deletes;
 pub mod evolve;
 pub(crate) mod expire;
@@ -7,6 +8,7 @@ pub mod files;
 pub(crate) mod location;
 pub mod progress;
 pub mod rowdelta;
-pub mod sink;
 pub(crate) mod split;
 pub mod target;
+
+pub use commit::IcebergSink;

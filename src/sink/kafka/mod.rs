@@ -441,6 +441,13 @@ impl Sink for KafkaSink {
         Some(self.cfg.snapshots_per_commit.unwrap_or(1000))
     }
 
+    /// The progress this instance wrote last (it fenced every other one when it connected); `None` before it
+    /// connected.
+    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
+        let mark = self.producer.as_ref().and(self.progress.as_ref()).map(|p| format!("{:?}+{}", p.snapshot_id, p.partial_rows));
+        async move { Ok(mark) }.boxed()
+    }
+
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             let (ns, table) = source.name.rsplit_once('.').unwrap_or(("", source.name.as_str()));

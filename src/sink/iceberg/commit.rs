@@ -33,9 +33,9 @@ use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{expire, progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
 
-/// An Iceberg target table.
-pub struct IcebergSink<'c> {
-    catalog: &'c Catalog,
+/// An Iceberg target table, with the catalog it lives in.
+pub struct IcebergSink {
+    catalog: Catalog,
     cfg: TargetConfig,
     table: Option<Table>,
     map: FieldMap,
@@ -61,10 +61,12 @@ struct Open {
     planned_spec_id: i32,
 }
 
-impl<'c> IcebergSink<'c> {
-    /// A sink writing to `cfg`'s table in `catalog`, its writers' buffers bounded by a share of `memory_budget`.
-    pub fn new(catalog: &'c Catalog, cfg: TargetConfig, memory_budget: u64) -> Self {
-        IcebergSink {
+impl IcebergSink {
+    /// A sink writing to `cfg`'s table, connected to its catalog; its writers' buffers are bounded by a share of
+    /// `memory_budget`.
+    pub async fn open(cfg: TargetConfig, memory_budget: u64) -> Result<Self> {
+        let catalog = Catalog::connect(&cfg.catalog, "target").await?;
+        Ok(IcebergSink {
             catalog,
             cfg,
             table: None,
@@ -74,7 +76,7 @@ impl<'c> IcebergSink<'c> {
             retries: 0,
             created: false,
             memory_budget,
-        }
+        })
     }
 
     fn table(&self) -> Result<&Table> {
@@ -229,7 +231,6 @@ impl<'c> IcebergSink<'c> {
         let props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
         let mut attempts: Vec<Attempt> = Vec::new();
-        test_pause_before_commit();
         loop {
             let mut prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
@@ -310,7 +311,7 @@ impl<'c> IcebergSink<'c> {
     async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, stats: CommitStats) -> Committed {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
-        let table = if self.cfg.expire_snapshots { expire_when_due(self.catalog, &self.cfg, table).await } else { table };
+        let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table).await } else { table };
         self.table = Some(table);
         self.map = map;
         Committed::Done { id, stats }
@@ -422,7 +423,7 @@ fn row_delta(
     }
 }
 
-impl Sink for IcebergSink<'_> {
+impl Sink for IcebergSink {
     fn label(&self) -> String {
         format!("iceberg:{}", self.cfg.table)
     }
@@ -456,6 +457,11 @@ impl Sink for IcebergSink<'_> {
         Some(ids)
     }
 
+    /// The table's metadata location, where the catalog tells it without loading the metadata.
+    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
+        async move { self.catalog.cheap_metadata_location(&self.cfg.table).await }.boxed()
+    }
+
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             match self.catalog.load_table(&self.cfg.table).await {
@@ -476,7 +482,7 @@ impl Sink for IcebergSink<'_> {
             self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
             // the table `recorded` just loaded, if it exists: no second load
             let existing = self.table.take();
-            let t = target::ensure(self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
+            let t = target::ensure(&self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
             self.created |= t.created;
             let recorded = progress::read(t.table.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
             if bootstrap && recorded.is_none() {
@@ -527,21 +533,6 @@ impl Sink for IcebergSink<'_> {
     fn created(&self) -> bool {
         self.created
     }
-}
-
-/// Test hook: with `CDC_TEST_PAUSE_BEFORE_COMMIT=<dir>` the first commit of the process waits, after its files are
-/// written, until `<dir>/resume` exists (it creates `<dir>/paused` first). Lets tests put another writer's commit
-/// between our plan and our commit.
-fn test_pause_before_commit() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    let Some(dir) = std::env::var_os("CDC_TEST_PAUSE_BEFORE_COMMIT") else { return };
-    ONCE.call_once(|| {
-        let dir = std::path::PathBuf::from(dir);
-        let _ = std::fs::write(dir.join("paused"), b"");
-        while !dir.join("resume").exists() {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    });
 }
 
 #[cfg(test)]

@@ -1,0 +1,256 @@
+//! The runner's decisions, as pure functions of the source's metadata and what the sinks record: where a run starts
+//! ([`decide_start`]), which commits it makes ([`chunks`]), and how sinks at different progress share one read
+//! ([`share`]). The apply loop in `pipeline` only carries them out, so every rule here is tested without a catalog.
+//!
+//! Invariants: a run never re-applies a source snapshot a sink records, never skips one (a `--from` that would is a
+//! gap error), and never moves a sink's progress backwards; every plan's last commit is forced, so the sink ends
+//! recording exactly the end of the range.
+use iceberg::spec::{SnapshotRef, TableMetadata};
+
+use crate::error::{Error, Result};
+use crate::sink::{Chunk, Initial};
+use crate::spec::lineage::{self, Bound};
+
+/// Where a run starts, decided from the sink's recorded progress and the user's `--from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Copy the source's contents at the end snapshot (the sink has no progress and no `--from`).
+    Bootstrap,
+    /// Apply the changes after this source snapshot.
+    After(i64),
+    /// Apply every change from the source's first snapshot (a sink that starts at the beginning).
+    Beginning,
+    /// The sink is already at or past the end of the range.
+    Done(i64),
+}
+
+/// The source range a run covers: the table's metadata, its name (for messages) and the range's end snapshot.
+#[derive(Clone, Copy)]
+pub(crate) struct Range<'a> {
+    pub(crate) meta: &'a TableMetadata,
+    pub(crate) name: &'a str,
+    pub(crate) end: &'a SnapshotRef,
+}
+
+impl Range<'_> {
+    /// The schema of the source at `snapshot` (the rows of its changes come in it).
+    pub(crate) fn schema_at(&self, snapshot: &SnapshotRef) -> iceberg::spec::SchemaRef {
+        lineage::snapshot_schema(self.meta, Some(snapshot))
+    }
+
+    /// Snapshot `id` of the source, or a message naming it.
+    pub(crate) fn snapshot(&self, id: i64) -> Result<SnapshotRef> {
+        self.meta.snapshot_by_id(id).cloned().ok_or(Error::SnapshotNotFound { table: self.name.into(), snapshot: id })
+    }
+}
+
+/// Resolves a `--from` bound (snapshot id or timestamp) to a snapshot id of the table.
+pub(crate) fn resolve_bound(table: &str, meta: &TableMetadata, b: Bound) -> Result<i64> {
+    match b {
+        Bound::Snapshot(id) => meta.snapshot_by_id(id).map(|s| s.snapshot_id()).ok_or(Error::SnapshotNotFound { table: table.into(), snapshot: id }),
+        Bound::TimestampMs(ts) => lineage::main_lineage(meta)
+            .iter()
+            .rev()
+            .find(|s| s.timestamp_ms() <= ts)
+            .map(|s| s.snapshot_id())
+            .ok_or_else(|| Error::Range(format!("no snapshot of `{table}` at or before {}", lineage::fmt_ms(ts)))),
+    }
+}
+
+/// Decides where a run over `range` starts for sink `target`, from its recorded progress (a source snapshot id),
+/// `--from` and where the sink starts without progress.
+///
+/// | recorded | `--from` | start |
+/// |---|---|---|
+/// | none | none | bootstrap copy, or the beginning (per sink) |
+/// | none | a | after a |
+/// | p ≥ end | any | done |
+/// | p, expired or off the end's history | any | error: recreate the target |
+/// | p | none, or a ≤ p | after p (what is applied is skipped) |
+/// | p | a > p | error: a gap |
+///
+/// A `--from` that is not an ancestor of the end is an error in every row.
+pub(crate) fn decide_start(range: Range, target: &str, from: Option<i64>, recorded: Option<i64>, initial: Initial) -> Result<Start> {
+    let Range { meta, name, end } = range;
+    let end = end.snapshot_id();
+    let on_history = |id: i64| lineage::is_ancestor(meta, id, end);
+    if let Some(a) = from {
+        if a != end && !on_history(a) {
+            return Err(if lineage::is_ancestor(meta, end, a) {
+                Error::Range(format!("--from snapshot {a} is after the end of the range ({end}); the start must be older than the end"))
+            } else {
+                Error::Range(format!(
+                    "--from snapshot {a} is not on the history of snapshot {end} in `{name}` (rolled back, or on another branch); pick a start from `cdc snapshots`"
+                ))
+            });
+        }
+    }
+    let Some(p) = recorded else {
+        return Ok(match (from, initial) {
+            (Some(a), _) => Start::After(a),
+            (None, Initial::Copy) => Start::Bootstrap,
+            (None, Initial::Beginning) => Start::Beginning,
+        });
+    };
+    if meta.snapshot_by_id(p).is_none() {
+        return Err(Error::Range(format!(
+            "the target `{target}` is at source snapshot {p}, which no longer exists in `{name}` (expired); the changes since then cannot be read — drop the target and sync again to copy the source afresh"
+        )));
+    }
+    if p == end || lineage::is_ancestor(meta, end, p) {
+        return Ok(Start::Done(p)); // already at or past the end
+    }
+    if !on_history(p) {
+        return Err(Error::Range(format!(
+            "the target `{target}` is at source snapshot {p}, which is not on the history of {end} in `{name}` (the source was rolled back past it); recreate the target"
+        )));
+    }
+    match from {
+        // what is already applied is skipped
+        Some(a) if a == p || lineage::is_ancestor(meta, a, p) => Ok(Start::After(p)),
+        Some(a) => Err(Error::Range(format!(
+            "gap: the target `{target}` is at source snapshot {p} but --from starts after {a}; the changes in between would be lost. Run without --from to resume, or use --from-snapshot {p}"
+        ))),
+        None => Ok(Start::After(p)),
+    }
+}
+
+/// The commits of a run that starts at `start` (not [`Start::Done`]): one bootstrap copy of the end snapshot, or the
+/// snapshots after the start in groups of `per_commit`, the last one forced (it records how far the run got). Each
+/// commit's schema is that of its last snapshot; bases are set as commits land.
+pub(crate) fn chunks(range: Range, start: Start, per_commit: usize) -> Result<Vec<Chunk>> {
+    let lower = match start {
+        Start::Bootstrap => {
+            return Ok(vec![Chunk {
+                snapshots: vec![range.end.clone()],
+                bootstrap: true,
+                schema: range.schema_at(range.end),
+                base: None,
+                must_commit: true,
+            }])
+        }
+        Start::Done(_) => return Ok(Vec::new()),
+        Start::After(a) => Some(Bound::Snapshot(a)),
+        Start::Beginning => None,
+    };
+    let snapshots = lineage::resolve_range(range.name, range.meta, lower, Some(Bound::Snapshot(range.end.snapshot_id())))?;
+    let groups: Vec<&[SnapshotRef]> = snapshots.chunks(per_commit.max(1)).collect();
+    let n = groups.len();
+    Ok(groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| Chunk {
+            snapshots: g.to_vec(),
+            bootstrap: false,
+            schema: range.schema_at(g.last().expect("chunks are not empty")),
+            base: None,
+            must_commit: i + 1 == n,
+        })
+        .collect())
+}
+
+/// How sinks fed by one read of the source run.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// Nothing recorded anywhere and the sinks start differently (a copy here, every change there): each runs alone.
+    Separately,
+    /// The sinks at these indices first catch up alone to `to`, the most advanced progress; then all run together.
+    CatchUp { behind: Vec<usize>, to: i64 },
+    /// All record the same progress: one shared run.
+    Together,
+}
+
+/// Decides how sinks recording `recorded` (in the same order as `initials`) share a run over the source `meta`.
+pub(crate) fn share(meta: &TableMetadata, recorded: &[Option<i64>], initials: &[Initial]) -> Sharing {
+    // the most advanced progress on the source's history (None: nothing recorded)
+    let ahead = recorded.iter().flatten().copied().fold(None, |best: Option<i64>, p| match best {
+        Some(b) if lineage::is_ancestor(meta, p, b) => Some(b),
+        _ => Some(p),
+    });
+    match ahead {
+        None if initials.iter().any(|i| *i != initials[0]) => Sharing::Separately,
+        Some(to) if recorded.iter().any(|p| *p != ahead) => {
+            Sharing::CatchUp { behind: recorded.iter().enumerate().filter(|(_, p)| **p != ahead).map(|(i, _)| i).collect(), to }
+        }
+        _ => Sharing::Together,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::testing::metadata;
+    use serde_json::json;
+
+    /// main: 1 ← 2 ← 3 ← 4; a rolled-back branch 2 ← 9.
+    fn table() -> TableMetadata {
+        let s = |id, parent, seq| (id, parent, seq, 1_000 * id, json!({}));
+        metadata(&[s(1, None, 1), s(2, Some(1), 2), s(3, Some(2), 3), s(4, Some(3), 4), s(9, Some(2), 5)], json!({}), json!({}), 4)
+    }
+
+    fn start(end: i64, from: Option<i64>, recorded: Option<i64>, initial: Initial) -> Result<Start> {
+        let meta = table();
+        let end = meta.snapshot_by_id(end).unwrap().clone();
+        decide_start(Range { meta: &meta, name: "db.t", end: &end }, "r.t", from, recorded, initial)
+    }
+
+    fn err(r: Result<Start>) -> String {
+        r.expect_err("an error").to_string()
+    }
+
+    #[test]
+    fn every_row_of_the_start_table() {
+        use Initial::{Beginning, Copy};
+        // nothing recorded
+        assert_eq!(start(4, None, None, Copy).unwrap(), Start::Bootstrap);
+        assert_eq!(start(4, None, None, Beginning).unwrap(), Start::Beginning);
+        assert_eq!(start(4, Some(2), None, Copy).unwrap(), Start::After(2));
+        // recorded at or past the end
+        assert_eq!(start(4, None, Some(4), Copy).unwrap(), Start::Done(4));
+        assert_eq!(start(3, None, Some(4), Copy).unwrap(), Start::Done(4));
+        assert_eq!(start(3, Some(1), Some(4), Copy).unwrap(), Start::Done(4));
+        // resume: what is applied is skipped
+        assert_eq!(start(4, None, Some(2), Copy).unwrap(), Start::After(2));
+        assert_eq!(start(4, Some(1), Some(2), Copy).unwrap(), Start::After(2));
+        assert_eq!(start(4, Some(2), Some(2), Copy).unwrap(), Start::After(2));
+        // a gap
+        let e = err(start(4, Some(3), Some(2), Copy));
+        assert!(e.contains("gap") && e.contains("--from-snapshot 2"), "{e}");
+        // progress expired, or rolled back past
+        assert!(err(start(4, None, Some(77), Copy)).contains("no longer exists"));
+        assert!(err(start(4, None, Some(9), Copy)).contains("rolled back past it"));
+        // --from after the end, or off its history
+        assert!(err(start(2, Some(4), None, Copy)).contains("after the end of the range"));
+        assert!(err(start(4, Some(9), None, Copy)).contains("not on the history"));
+    }
+
+    #[test]
+    fn chunks_group_snapshots_and_force_the_last_commit() {
+        let meta = table();
+        let end = meta.snapshot_by_id(4).unwrap().clone();
+        let range = Range { meta: &meta, name: "db.t", end: &end };
+        let ids = |c: &Chunk| c.snapshots.iter().map(|s| s.snapshot_id()).collect::<Vec<_>>();
+        let cs = chunks(range, Start::After(1), 2).unwrap();
+        assert_eq!(cs.iter().map(ids).collect::<Vec<_>>(), vec![vec![2, 3], vec![4]]);
+        assert_eq!(cs.iter().map(|c| c.must_commit).collect::<Vec<_>>(), vec![false, true]);
+        assert!(cs.iter().all(|c| !c.bootstrap && c.base.is_none()));
+        let cs = chunks(range, Start::Beginning, 1).unwrap();
+        assert_eq!(cs.iter().map(ids).collect::<Vec<_>>(), vec![vec![1], vec![2], vec![3], vec![4]]);
+        // a per-commit of 0 is taken as 1, not a panic
+        assert_eq!(chunks(range, Start::After(3), 0).unwrap().len(), 1);
+        let boot = chunks(range, Start::Bootstrap, 2).unwrap();
+        assert_eq!((boot.len(), ids(&boot[0]), boot[0].bootstrap, boot[0].must_commit), (1, vec![4], true, true));
+        assert!(chunks(range, Start::Done(4), 2).unwrap().is_empty());
+    }
+
+    #[test]
+    fn sinks_behind_catch_up_alone_before_sharing_a_read() {
+        let meta = table();
+        use Initial::{Beginning, Copy};
+        assert_eq!(share(&meta, &[Some(2), Some(2)], &[Copy, Beginning]), Sharing::Together);
+        assert_eq!(share(&meta, &[None, None], &[Copy, Copy]), Sharing::Together);
+        assert_eq!(share(&meta, &[None, None], &[Copy, Beginning]), Sharing::Separately);
+        assert_eq!(share(&meta, &[Some(2), Some(4)], &[Copy, Copy]), Sharing::CatchUp { behind: vec![0], to: 4 });
+        assert_eq!(share(&meta, &[Some(4), None, Some(3)], &[Copy, Copy, Copy]), Sharing::CatchUp { behind: vec![1, 2], to: 4 });
+    }
+}
