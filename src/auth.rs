@@ -181,7 +181,7 @@ impl TokenSource {
     }
 
     fn error(&self, message: String, retryable: bool) -> Error {
-        Error::Auth { source_name: self.label.clone(), message, retryable }
+        Error::Auth { source_name: self.label.clone(), message, retryable, cause: None }
     }
 }
 

@@ -129,6 +129,6 @@ pub fn for_output(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
 }
 
 /// Where change rows go, batch by batch, in order.
-pub trait ChangeSink: Send {
+pub trait ChangeConsumer: Send {
     fn write(&mut self, batch: RecordBatch) -> impl std::future::Future<Output = Result<()>> + Send;
 }

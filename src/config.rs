@@ -1,5 +1,6 @@
 //! Configuration: parse (serde, unknown keys rejected) → validate (pure, every problem reported at once) → build
 //! (the catalog modules touch the network).
+//! Size: ~670 lines of code (every section's parse and validate rules) and ~170 of unit tests.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -7,23 +8,28 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
+/// The default `engine.memory_budget`.
 pub const DEFAULT_MEMORY_BUDGET: u64 = 256 * 1024 * 1024;
 
 /// `(n, d)` of `budget`: n/d of it (how the engine's parts divide `engine.memory_budget`).
 pub fn share_of(budget: u64, (n, d): (u64, u64)) -> u64 {
     (budget as u128 * n as u128 / d as u128) as u64
 }
+/// The default `target_file_size` of files the applier writes.
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 512 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+/// A one-shot configuration (`cdc changes`, `cdc sync`): a source and its destinations.
 pub struct Config {
+    /// The table changes are read from.
     pub source: SourceConfig,
     /// Where `cdc sync` writes; not needed by `cdc changes`.
     pub target: Option<TargetConfig>,
     /// A Kafka topic `cdc sync` publishes the changes to (alone, or beside `[target]`).
     pub kafka: Option<KafkaConfig>,
     #[serde(default)]
+    /// Memory, spill and read settings of the engine.
     pub engine: EngineConfig,
 }
 
@@ -61,6 +67,7 @@ pub struct KafkaConfig {
     #[serde(default = "default_topic")]
     pub topic: String,
     #[serde(default)]
+    /// How change rows are encoded as messages.
     pub format: KafkaFormat,
     /// Debezium: a tombstone (key, null value) after each delete, for compacted topics.
     #[serde(default = "default_true")]
@@ -69,6 +76,7 @@ pub struct KafkaConfig {
     #[serde(default)]
     pub schemas_enable: bool,
     #[serde(default)]
+    /// Where a pipeline without recorded progress starts.
     pub initial: KafkaInitial,
     /// Compacted topic of the sinks' progress records (created when missing).
     #[serde(default = "default_progress_topic")]
@@ -148,8 +156,10 @@ impl KafkaConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
+/// How the applier writes changes to the target.
 pub enum WriteMode {
     #[default]
+    /// Data files plus delete files (the only mode so far).
     MergeOnRead,
 }
 
@@ -158,8 +168,10 @@ pub enum WriteMode {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig<C = CatalogConfig> {
+    /// The target table, `namespace.table`.
     pub table: String,
     #[serde(default)]
+    /// How changes are written.
     pub mode: WriteMode,
     /// Columns the equality deletes match on; default: the source's key columns.
     pub equality_columns: Option<Vec<String>>,
@@ -176,6 +188,7 @@ pub struct TargetConfig<C = CatalogConfig> {
     #[serde(default = "default_backoff", with = "humantime_serde")]
     pub retry_backoff: std::time::Duration,
     #[serde(default = "default_file_size", deserialize_with = "de_bytes")]
+    /// Size a data file is closed at.
     pub target_file_size: u64,
     /// Keep columns the source dropped (optional, renamed out of the way when a new column takes the name) instead
     /// of dropping them from the target too.
@@ -193,6 +206,7 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// The newest snapshots of the target's main branch that stay whatever their age (at least 1).
     #[serde(default = "default_retain_snapshots")]
     pub retain_snapshots: usize,
+    /// The target's catalog (a `[catalogs.<name>]` name in a service file, resolved to its settings).
     pub catalog: C,
 }
 
@@ -239,19 +253,25 @@ fn default_file_size() -> u64 {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+/// The source table.
 pub struct SourceConfig {
     /// `namespace.table` (nested namespaces: `a.b.table`).
     pub table: String,
     /// Row key; default: the table's identifier fields.
     pub key_columns: Option<Vec<String>>,
+    /// Where the table is.
     pub catalog: CatalogConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+/// The kinds of catalog `cdc` speaks.
 pub enum CatalogType {
+    /// Spark/Java's filesystem layout.
     Hadoop,
+    /// iceberg-rust's SQL catalog on sqlite (the embedded default).
     Sql,
+    /// An Iceberg REST catalog.
     Rest,
     /// Google BigLake's Iceberg REST catalog: `project`, `location`, `warehouse` (see [`CatalogConfig::rest_props`]).
     Biglake,
@@ -259,7 +279,9 @@ pub enum CatalogType {
 
 /// Keys of the `biglake` catalog shorthand.
 pub mod biglake {
+    /// The Google Cloud project (BigLake).
     pub const PROJECT: &str = "project";
+    /// The Google Cloud location (BigLake).
     pub const LOCATION: &str = "location";
     /// The global endpoint (`location = "global"`, the default).
     pub const GLOBAL_URI: &str = "https://biglake.googleapis.com/iceberg/v1/restcatalog";
@@ -277,9 +299,12 @@ pub mod biglake {
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
+/// How to reach a catalog.
 pub struct CatalogConfig {
     #[serde(rename = "type")]
+    /// Its kind (`type` in the file).
     pub kind: CatalogType,
+    /// The warehouse location (a path or a URI).
     pub warehouse: Option<String>,
     /// Everything else is a catalog property (uri, token, credential, header.X, ...).
     #[serde(flatten)]
@@ -288,6 +313,7 @@ pub struct CatalogConfig {
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
+/// Engine settings shared by every run of a file.
 pub struct EngineConfig {
     /// Memory a snapshot's change rows may take before they are sorted in runs and spilled to disk
     /// ("256MiB", "1GiB", or bytes).
@@ -462,11 +488,13 @@ pub(crate) fn unknown_in(section: &str, v: Option<&toml::Value>, known: &[&str],
 }
 
 impl Config {
+    /// Reads, parses and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigFile { path: path.to_path_buf(), source })?;
         Self::parse(&text)
     }
 
+    /// Parses and validates a configuration (every problem at once).
     pub fn parse(text: &str) -> Result<Config> {
         parse_checked(text, unknown_keys, Config::validate)
     }
@@ -534,6 +562,7 @@ fn validate_table_name(field: &str, name: &str, p: &mut Vec<String>) {
 }
 
 impl CatalogConfig {
+    /// Adds the problems of this section (named `field`) to `p`.
     pub fn validate(&self, field: &str, p: &mut Vec<String>) {
         match self.kind {
             CatalogType::Hadoop => {

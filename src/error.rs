@@ -4,16 +4,27 @@ use std::path::PathBuf;
 
 /// Process exit codes, one per class of failure (documented in README).
 pub mod exit {
+    /// Success.
     pub const OK: i32 = 0;
+    /// A bug.
     pub const INTERNAL: i32 = 1;
+    /// Bad command-line arguments.
     pub const USAGE: i32 = 2;
+    /// An invalid configuration, or work too large for it.
     pub const CONFIG: i32 = 3;
+    /// A table does not exist.
     pub const NOT_FOUND: i32 = 4;
+    /// A snapshot range or recorded progress that does not fit the source.
     pub const RANGE: i32 = 5;
+    /// A snapshot needed was expired.
     pub const EXPIRED: i32 = 6;
+    /// Key columns or a schema the target cannot follow.
     pub const SCHEMA: i32 = 7;
+    /// A file cannot be read, or is missing.
     pub const DATA: i32 = 8;
+    /// The catalog failed or refused, or a commit conflicted.
     pub const CATALOG: i32 = 9;
+    /// A local or object-store I/O failure.
     pub const IO: i32 = 10;
     /// Stopped by a signal before finishing (nothing half-done).
     pub const CANCELLED: i32 = 11;
@@ -24,75 +35,215 @@ pub mod exit {
 }
 
 #[derive(Debug, thiserror::Error)]
+/// Everything that can go wrong, classified: exit code, retryable or permanent, metric kind.
 pub enum Error {
     #[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+    /// The configuration is invalid: every problem found.
     Config(Vec<String>),
 
     #[error("cannot read config file {path}: {source}")]
-    ConfigFile { path: PathBuf, source: std::io::Error },
+    /// The configuration file cannot be read.
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 
+    /// The catalog failed or refused a call.
     #[error("catalog error ({catalog}): {message}")]
-    Catalog { catalog: String, message: String, retryable: bool },
+    Catalog {
+        /// The catalog's kind or name ("rest", "source", …).
+        catalog: String,
+        /// What failed, and how to fix it where that is known.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+        /// The underlying error, when there is one.
+        #[source]
+        cause: Option<Cause>,
+    },
 
+    /// Credentials missing or refused, or their issuer unreachable.
     #[error("authentication ({source_name}): {message}")]
-    Auth { source_name: String, message: String, retryable: bool },
+    Auth {
+        /// Where the credentials come from (a file, the metadata server, …).
+        source_name: String,
+        /// What failed, and how to fix it.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+        /// The underlying error, when there is one.
+        #[source]
+        cause: Option<Cause>,
+    },
 
+    /// Kafka unreachable or refusing a call.
     #[error("Kafka ({what}): {message}")]
-    Kafka { what: String, message: String, retryable: bool },
+    Kafka {
+        /// The call that failed (connect, produce, commit, …).
+        what: String,
+        /// What failed, and how to fix it.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+        /// The underlying error, when there is one.
+        #[source]
+        cause: Option<Cause>,
+    },
 
     #[error("another instance with transactional.id `{transactional_id}` took over this pipeline (fenced); this instance stops it — run one instance per pipeline, or give each its own `transactional_id`")]
-    Fenced { transactional_id: String },
+    /// Another instance of the pipeline took over its Kafka transactions.
+    Fenced {
+        /// The transactional id both use.
+        transactional_id: String,
+    },
 
     #[error("commit to `{table}` conflicted with another writer: {message}")]
-    Conflict { table: String, message: String },
+    /// Another writer committed first, on every attempt.
+    Conflict {
+        /// The table (or sinks) concerned.
+        table: String,
+        /// What moved.
+        message: String,
+    },
 
     /// The catalog may or may not have applied a commit (a 5xx other than 503, a timeout or a dropped connection
     /// after the request was sent), and a reload did not show it applied. A request still in flight may yet land, so
     /// the files it references must not be deleted while it can.
     #[error("catalog error ({catalog}): commit state unknown and not applied when checked: {message}; run the sync again — it resumes from the progress the target records, whether or not this commit still lands")]
-    CommitUnknown { catalog: String, message: String },
+    CommitUnknown {
+        /// The catalog.
+        catalog: String,
+        /// What the catalog answered.
+        message: String,
+    },
 
     #[error("table `{table}` not found in catalog `{catalog}`; check `table` (namespace.table) and the catalog settings")]
-    TableNotFound { catalog: String, table: String },
+    /// A table does not exist.
+    TableNotFound {
+        /// The catalog looked in.
+        catalog: String,
+        /// The table, `namespace.table`.
+        table: String,
+    },
 
     #[error("snapshot {snapshot} does not exist in table `{table}`; it may have been expired (expire_snapshots) — run `cdc snapshots` to list the snapshots that remain")]
-    SnapshotNotFound { table: String, snapshot: i64 },
+    /// A snapshot does not exist (any more).
+    SnapshotNotFound {
+        /// The table.
+        table: String,
+        /// The snapshot id.
+        snapshot: i64,
+    },
 
     #[error("invalid snapshot range: {0}")]
+    /// The snapshot range (or the progress a destination records) does not fit the source.
     Range(String),
 
     #[error("key columns: {0}")]
+    /// The key columns cannot be resolved.
     Key(String),
 
     #[error("schema: {0}")]
+    /// A schema the target cannot follow.
     Schema(String),
 
+    /// A data, delete or metadata file that cannot be read as what it should be.
     #[error("cannot read {path}: {message}")]
-    Data { path: String, message: String },
+    Data {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        cause: Option<Cause>,
+    },
 
     #[error("file {path} is missing; it was deleted outside of Iceberg, or by snapshot expiration")]
-    MissingFile { path: String },
+    /// A file the metadata references is gone.
+    MissingFile {
+        /// The file.
+        path: String,
+    },
 
     #[error("the changes of snapshot {snapshot} in `{table}` cannot be computed: its parent {parent} was expired and file {path}, which the snapshot removed or still needs, was deleted with it; start the range at or after this snapshot (--from-snapshot {snapshot})")]
-    ExpiredParent { table: String, snapshot: i64, parent: i64, path: String },
+    /// A snapshot's changes need files its expired parent took with it.
+    ExpiredParent {
+        /// The table.
+        table: String,
+        /// The snapshot whose changes are wanted.
+        snapshot: i64,
+        /// Its expired parent.
+        parent: i64,
+        /// A file that is gone.
+        path: String,
+    },
 
+    /// Reading or writing a file or an object failed.
     #[error("I/O error on {path}: {message}")]
-    Io { path: String, message: String, retryable: bool },
+    Io {
+        /// The file or object concerned.
+        path: String,
+        /// What failed, and how to fix it.
+        message: String,
+        /// Whether the same call may succeed later.
+        retryable: bool,
+        /// The underlying error, when there is one.
+        #[source]
+        cause: Option<Cause>,
+    },
 
     #[error("iceberg: {0}")]
+    /// An error of iceberg-rust's.
     Iceberg(#[from] iceberg::Error),
 
     #[error("stopped by a shutdown request before committing; nothing of the interrupted commit was applied")]
+    /// A shutdown request stopped the run before its commit.
     Cancelled,
 
     /// The work does not fit what the engine can hold as configured (`engine.memory_budget`), or at all.
     #[error("{what}: {fix}")]
-    TooLarge { what: String, fix: String },
+    TooLarge {
+        /// What does not fit.
+        what: String,
+        /// The setting that makes it fit.
+        fix: String,
+    },
 
+    /// An Arrow computation failed (a bug, or data Arrow cannot handle).
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+
+    /// A bug: something that should not happen did.
     #[error("{0}")]
     Internal(String),
 }
 
+/// The error beneath one of ours, kept for `source()` chains.
+#[derive(Debug)]
+pub struct Cause(Box<dyn std::error::Error + Send + Sync>);
+
+impl Cause {
+    fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Cause(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// A result with our [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
@@ -126,7 +277,7 @@ impl Error {
             Error::Io { .. } => "io",
             Error::Iceberg(_) => "iceberg",
             Error::Cancelled => "cancelled",
-            Error::Internal(_) => "internal",
+            Error::Internal(_) | Error::Arrow(_) => "internal",
         }
     }
 
@@ -146,6 +297,7 @@ impl Error {
         )
     }
 
+    /// The process exit code of this error (see [`exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::ConfigFile { .. } | Error::TooLarge { .. } => exit::CONFIG,
@@ -164,17 +316,37 @@ impl Error {
                 iceberg::ErrorKind::DataInvalid => exit::DATA,
                 _ => exit::INTERNAL,
             },
-            Error::Internal(_) => exit::INTERNAL,
+            Error::Internal(_) | Error::Arrow(_) => exit::INTERNAL,
             Error::Cancelled => exit::CANCELLED,
         }
     }
 
+    /// File `path` cannot be read: `message` says why.
     pub fn data(path: impl Into<String>, message: impl std::fmt::Display) -> Self {
-        Error::Data { path: path.into(), message: message.to_string() }
+        Error::Data { path: path.into(), message: message.to_string(), cause: None }
     }
 
-    pub fn catalog(catalog: impl Into<String>, e: impl std::fmt::Display, retryable: bool) -> Self {
-        Error::Catalog { catalog: catalog.into(), message: e.to_string(), retryable }
+    /// Catalog `catalog` failed: `message` says how (add the underlying error with [`Error::with_cause`]).
+    pub fn catalog(catalog: impl Into<String>, message: impl std::fmt::Display, retryable: bool) -> Self {
+        Error::Catalog { catalog: catalog.into(), message: message.to_string(), retryable, cause: None }
+    }
+
+    /// An I/O error `e` on `path` (kept as the source).
+    pub fn io<E: std::error::Error + Send + Sync + 'static>(path: impl Into<String>, e: E, retryable: bool) -> Self {
+        Error::Io { path: path.into(), message: e.to_string(), retryable, cause: Some(Cause::new(e)) }
+    }
+
+    /// The same error with `e` as its source (on variants that keep one: catalog, auth, Kafka, data, I/O).
+    pub fn with_cause<E: std::error::Error + Send + Sync + 'static>(mut self, e: E) -> Self {
+        match &mut self {
+            Error::Catalog { cause, .. }
+            | Error::Auth { cause, .. }
+            | Error::Kafka { cause, .. }
+            | Error::Data { cause, .. }
+            | Error::Io { cause, .. } => *cause = Some(Cause::new(e)),
+            _ => {}
+        }
+        self
     }
 }
 
@@ -188,27 +360,28 @@ impl Error {
                 path: path.display().to_string(),
                 message: format!("{io} (a spill file: give engine.spill_dir more room or point it at a larger disk)"),
                 retryable: false,
+                cause: Some(Cause::new(io)),
             },
             other => Error::from(other),
         }
     }
 }
 
-impl From<arrow_schema::ArrowError> for Error {
-    fn from(e: arrow_schema::ArrowError) -> Self {
-        Error::Internal(format!("arrow: {e}"))
-    }
-}
-
 impl From<parquet::errors::ParquetError> for Error {
     fn from(e: parquet::errors::ParquetError) -> Self {
-        Error::Data { path: String::from("<parquet>"), message: e.to_string() }
+        Error::Data { path: String::from("<parquet>"), message: e.to_string(), cause: Some(Cause::new(e)) }
     }
 }
 
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Self {
-        Error::Io { path: String::new(), message: e.to_string(), retryable: false }
+/// Names the file of an I/O failure: `std::fs::write(&p, b).at(&p)?`.
+pub(crate) trait AtPath<T> {
+    /// The result, its error an [`Error::Io`] on `path` (not retryable) keeping the `io::Error` as its source.
+    fn at(self, path: impl AsRef<std::path::Path>) -> Result<T>;
+}
+
+impl<T> AtPath<T> for std::io::Result<T> {
+    fn at(self, path: impl AsRef<std::path::Path>) -> Result<T> {
+        self.map_err(|e| Error::io(path.as_ref().display().to_string(), e, false))
     }
 }
 

@@ -2,10 +2,11 @@
 //!
 //! Data flows one way: `source` (lineage, planning, reading, the changelog scan) → `change` (row types and metadata
 //! columns) → `pipeline` (the only module that sees both sides) → outputs and sinks.
-pub mod auth;
+#![warn(missing_docs)]
+pub(crate) mod auth;
 mod backoff;
 pub mod catalog;
-pub mod change;
+pub(crate) mod change;
 pub mod config;
 pub mod error;
 pub mod output;
@@ -13,8 +14,8 @@ pub mod pipeline;
 pub mod quickstart;
 pub mod service;
 pub mod sink;
-pub mod source;
+pub(crate) mod source;
 pub mod spec;
-pub mod storage;
+pub(crate) mod storage;
 
 pub use error::{Error, Result};

@@ -329,6 +329,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     catalog: "check".into(),
                     message: "some pipelines cannot reach their catalog or table (see above)".into(),
                     retryable: true,
+                    cause: None,
                 }));
             }
         }

@@ -15,65 +15,73 @@ use parquet::file::properties::WriterProperties;
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// Formats of `cdc changes` output.
 pub enum Format {
+    /// One JSON object per change row.
     Jsonl,
+    /// A Parquet file of change rows.
     Parquet,
 }
 
+/// A synchronous writer of change rows (stdout or a file).
 pub trait ChangeWriter: Send {
+    /// Writes the rows of `batch`.
     fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    /// Flushes and, for a file, moves it into place.
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
 /// Where output goes: stdout, or a file made visible only when complete.
-enum Target {
+enum OutputFile {
     Stdout(std::io::BufWriter<std::io::Stdout>),
     File { tmp: tempfile::NamedTempFile, path: PathBuf },
 }
 
-impl Target {
-    fn open(path: Option<&Path>) -> Result<Target> {
+impl OutputFile {
+    fn open(path: Option<&Path>) -> Result<OutputFile> {
         match path {
-            None => Ok(Target::Stdout(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout()))),
+            None => Ok(OutputFile::Stdout(std::io::BufWriter::with_capacity(1 << 20, std::io::stdout()))),
             Some(p) => {
                 let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-                let tmp = tempfile::Builder::new().prefix(".cdc-out-").tempfile_in(dir).map_err(|e| Error::Io {
-                    path: dir.display().to_string(),
-                    message: e.to_string(),
-                    retryable: false,
+                let tmp = tempfile::Builder::new().prefix(".cdc-out-").tempfile_in(dir).map_err(|e| {
+                    Error::Io { path: dir.display().to_string(), message: e.to_string(), retryable: false, cause: None }.with_cause(e)
                 })?;
-                Ok(Target::File { tmp, path: p.to_path_buf() })
+                Ok(OutputFile::File { tmp, path: p.to_path_buf() })
             }
         }
     }
     /// Where the output goes, for messages: the final path (not the temporary file), or stdout.
     fn name(&self) -> String {
         match self {
-            Target::Stdout(_) => "<stdout>".to_string(),
-            Target::File { path, .. } => path.display().to_string(),
+            OutputFile::Stdout(_) => "<stdout>".to_string(),
+            OutputFile::File { path, .. } => path.display().to_string(),
         }
     }
     fn writer(&mut self) -> &mut dyn Write {
         match self {
-            Target::Stdout(w) => w,
-            Target::File { tmp, .. } => tmp.as_file_mut(),
+            OutputFile::Stdout(w) => w,
+            OutputFile::File { tmp, .. } => tmp.as_file_mut(),
         }
     }
     fn commit(self) -> Result<()> {
         match self {
-            Target::Stdout(mut w) => w.flush().map_err(|e| Error::Io { path: "<stdout>".into(), message: e.to_string(), retryable: false }),
-            Target::File { tmp, path } => {
-                tmp.persist(&path).map_err(|e| Error::Io { path: path.display().to_string(), message: e.to_string(), retryable: false })?;
+            OutputFile::Stdout(mut w) => {
+                w.flush().map_err(|e| Error::Io { path: "<stdout>".into(), message: e.to_string(), retryable: false, cause: None }.with_cause(e))
+            }
+            OutputFile::File { tmp, path } => {
+                tmp.persist(&path).map_err(|e| {
+                    Error::Io { path: path.display().to_string(), message: e.to_string(), retryable: false, cause: None }.with_cause(e)
+                })?;
                 Ok(())
             }
         }
     }
 }
 
-/// A synchronous writer as a [`crate::change::ChangeSink`].
-pub struct WriterSink<'a>(pub &'a mut dyn ChangeWriter);
+/// A synchronous writer as a [`crate::change::ChangeConsumer`].
+pub struct WriterConsumer<'a>(pub &'a mut dyn ChangeWriter);
 
-impl crate::change::ChangeSink for WriterSink<'_> {
+impl crate::change::ChangeConsumer for WriterConsumer<'_> {
     async fn write(&mut self, batch: RecordBatch) -> Result<()> {
         self.0.write(&batch)
     }
@@ -93,7 +101,7 @@ pub const OUTPUT_SHARE: (u64, u64) = (1, 8);
 /// A writer of change rows (in the engine's change schema; `_change_type` is encoded as its name here).
 /// `memory`: what the writer may buffer (the Parquet writer's row group in progress; see [`OUTPUT_SHARE`]).
 pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef, memory: u64) -> Result<Box<dyn ChangeWriter>> {
-    let target = Target::open(path)?;
+    let target = OutputFile::open(path)?;
     let schema = crate::change::output_schema(&schema);
     Ok(match format {
         Format::Jsonl => Box::new(JsonLines { target, line: String::new(), schema }),
@@ -103,7 +111,7 @@ pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef, memory: u64)
                 .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES)
                 .build();
             let path = target.name();
-            let writer = ArrowWriter::try_new(SharedTarget(std::sync::Arc::new(std::sync::Mutex::new(target))), schema.clone(), Some(props))
+            let writer = ArrowWriter::try_new(SharedOutputFile(std::sync::Arc::new(std::sync::Mutex::new(target))), schema.clone(), Some(props))
                 .map_err(|e| output_error(&path, e))?;
             Box::new(ParquetOut { writer: Some(writer), path, schema, memory: memory.max(1) as usize })
         }
@@ -111,7 +119,7 @@ pub fn open(format: Format, path: Option<&Path>, schema: SchemaRef, memory: u64)
 }
 
 struct JsonLines {
-    target: Target,
+    target: OutputFile,
     line: String,
     schema: SchemaRef,
 }
@@ -133,7 +141,7 @@ impl ChangeWriter for JsonLines {
             }
             self.line.push_str("}\n");
             if let Err(e) = self.target.writer().write_all(self.line.as_bytes()) {
-                return Err(Error::Io { path: self.target.name(), message: e.to_string(), retryable: false });
+                return Err(Error::Io { path: self.target.name(), message: e.to_string(), retryable: false, cause: None });
             }
         }
         Ok(())
@@ -144,8 +152,8 @@ impl ChangeWriter for JsonLines {
 }
 
 /// ArrowWriter owns its sink; share the target so it can be committed after the footer is written.
-struct SharedTarget(std::sync::Arc<std::sync::Mutex<Target>>);
-impl Write for SharedTarget {
+struct SharedOutputFile(std::sync::Arc<std::sync::Mutex<OutputFile>>);
+impl Write for SharedOutputFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().expect("not poisoned").writer().write(buf)
     }
@@ -155,7 +163,7 @@ impl Write for SharedTarget {
 }
 
 struct ParquetOut {
-    writer: Option<ArrowWriter<SharedTarget>>,
+    writer: Option<ArrowWriter<SharedOutputFile>>,
     path: String,
     schema: SchemaRef,
     /// The row group in progress is written out once its buffers hold this much.
@@ -168,7 +176,7 @@ fn output_error(path: &str, e: parquet::errors::ParquetError) -> Error {
         parquet::errors::ParquetError::External(inner) => inner.to_string(),
         other => other.to_string(),
     };
-    Error::Io { path: path.to_string(), message, retryable: false }
+    Error::Io { path: path.to_string(), message, retryable: false, cause: None }
 }
 
 impl ChangeWriter for ParquetOut {

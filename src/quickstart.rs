@@ -12,11 +12,12 @@ use iceberg::TableCreation;
 
 use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{AtPath, Error, Result};
 use crate::output::{self, Format};
 use crate::pipeline;
 use crate::sink::iceberg::{files, rowdelta::RowDelta};
 
+/// The demo source table.
 pub const TABLE: &str = "demo.orders";
 
 fn demo_schema() -> Result<Schema> {
@@ -67,8 +68,8 @@ pub const REPLICA: &str = "replica.orders";
 /// Builds the demo (once), prints its changes, and — unless `changes_only` — runs the service on it while
 /// committing more changes, showing the replica follow.
 pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let dir = dir.canonicalize()?;
+    std::fs::create_dir_all(dir).at(dir)?;
+    let dir = dir.canonicalize().at(dir)?;
     let warehouse = dir.join("warehouse");
     let config_path = dir.join("cdc.toml");
     let service_path = dir.join("service.toml");
@@ -77,13 +78,13 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
         "# written by `cdc quickstart`: cdc changes / cdc sync --config this file\n[source]\ntable = \"{TABLE}\"\n\n[source.catalog]\n{catalog_section}\n\
          [target]\ntable = \"{REPLICA}\"\n\n[target.catalog]\n{catalog_section}"
     );
-    std::fs::write(&config_path, &config_text)?;
+    std::fs::write(&config_path, &config_text).at(&config_path)?;
     let service_text = format!(
         "# written by `cdc quickstart`: cdc run --config this file\n[service]\npoll_interval = \"200ms\"\nmetrics_address = \"off\"\n\n\
          [catalogs.local]\n{catalog_section}\n[[pipelines]]\nname = \"orders\"\nsource = {{ catalog = \"local\", table = \"{TABLE}\" }}\n\n\
          [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"local\"\ntable = \"{REPLICA}\"\n"
     );
-    std::fs::write(&service_path, &service_text)?;
+    std::fs::write(&service_path, &service_text).at(&service_path)?;
     let cfg = Config::parse(&config_text)?;
     let catalog = Catalog::connect(&cfg.source.catalog, "source").await?;
     let table = match catalog.load_table(TABLE).await {

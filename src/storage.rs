@@ -50,7 +50,6 @@ pub mod props {
     pub const GCS_TOKEN_EXPIRES_AT: &str = "gcs.oauth2.token-expires-at";
     pub const GCS_NO_AUTH: &str = "gcs.no-auth";
     pub const GCS_CREDENTIALS_JSON: &str = "gcs.credentials-json";
-    pub const GCS_USER_PROJECT: &str = "gcs.user-project";
     pub const S3_ENDPOINT: &str = "s3.endpoint";
     pub const S3_REGION: &str = "s3.region";
     pub const CLIENT_REGION: &str = "client.region";

@@ -9,16 +9,18 @@ use iceberg::spec::{TableMetadata, TableMetadataBuilder};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 
-use crate::error::{Error, Result};
+use crate::error::{AtPath, Error, Result};
 
 const VERSION_HINT: &str = "version-hint.text";
 
+/// Tables in Spark/Java's filesystem layout: `<warehouse>/<namespace>/<table>/metadata/vN.metadata.json`.
 pub struct HadoopCatalog {
     warehouse: PathBuf,
     file_io: FileIO,
 }
 
 impl HadoopCatalog {
+    /// The catalog rooted at `warehouse`, reading and writing through `file_io`.
     pub fn new(warehouse: impl Into<PathBuf>, file_io: FileIO) -> Self {
         HadoopCatalog { warehouse: warehouse.into(), file_io }
     }
@@ -56,14 +58,15 @@ impl HadoopCatalog {
         Self::current_version(&meta_dir).map(|v| meta_dir.join(format!("v{v}.metadata.json")).display().to_string())
     }
 
+    /// Loads the highest metadata version of `ident`.
     pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
         let meta_dir = self.table_dir(ident).join("metadata");
         let not_found = || Error::TableNotFound { catalog: format!("hadoop:{}", self.warehouse.display()), table: ident.to_string() };
         let version = Self::current_version(&meta_dir).ok_or_else(not_found)?;
         let path = meta_dir.join(format!("v{version}.metadata.json"));
         let text = std::fs::read(&path).map_err(|e| Error::data(path.display().to_string(), e))?;
-        let metadata: TableMetadata =
-            serde_json::from_slice(&text).map_err(|e| Error::data(path.display().to_string(), format!("invalid table metadata: {e}")))?;
+        let metadata: TableMetadata = serde_json::from_slice(&text)
+            .map_err(|e| Error::data(path.display().to_string(), format!("invalid table metadata: {e}")).with_cause(e))?;
         Ok(Table::builder()
             .identifier(ident.clone())
             .metadata(metadata)
@@ -73,19 +76,21 @@ impl HadoopCatalog {
             .build()?)
     }
 
+    /// Creates `ident` (version 1); an error when it exists.
     pub async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
         let dir = self.table_dir(ident);
         let meta_dir = dir.join("metadata");
         if Self::current_version(&meta_dir).is_some() {
             return Err(Error::catalog("hadoop", format!("table {ident} already exists at {}", dir.display()), false));
         }
-        std::fs::create_dir_all(&meta_dir)?;
+        std::fs::create_dir_all(&meta_dir).at(&meta_dir)?;
         let creation = TableCreation { location: Some(dir.display().to_string()), ..creation };
         let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
         self.write_version(&meta_dir, 1, &metadata)?;
         self.load_table(ident).await
     }
 
+    /// Applies `updates` when `requirements` hold, as metadata version N+1 (exactly one writer wins a version).
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         let current = table.metadata_location_result()?.to_string();
         let meta_dir = Path::new(&current).parent().map(Path::to_path_buf).unwrap_or_default();
@@ -102,7 +107,7 @@ impl HadoopCatalog {
     fn write_version(&self, meta_dir: &Path, version: u64, metadata: &TableMetadata) -> Result<()> {
         let json = serde_json::to_vec(metadata).map_err(|e| Error::Internal(e.to_string()))?;
         let tmp = meta_dir.join(format!(".v{version}-{}.tmp", uuid::Uuid::new_v4()));
-        std::fs::write(&tmp, &json)?;
+        std::fs::write(&tmp, &json).at(&tmp)?;
         let target = meta_dir.join(format!("v{version}.metadata.json"));
         // link(2) fails if the target exists: exactly one committer wins version N.
         let linked = std::fs::hard_link(&tmp, &target);
@@ -111,12 +116,12 @@ impl HadoopCatalog {
             return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
                 Error::Conflict { table: meta_dir.display().to_string(), message: format!("version {version} was written by another writer") }
             } else {
-                Error::Io { path: target.display().to_string(), message: e.to_string(), retryable: false }
+                Error::io(target.display().to_string(), e, false)
             });
         }
         let hint_tmp = meta_dir.join(format!(".hint-{}.tmp", uuid::Uuid::new_v4()));
-        std::fs::write(&hint_tmp, version.to_string())?;
-        std::fs::rename(&hint_tmp, meta_dir.join(VERSION_HINT))?;
+        std::fs::write(&hint_tmp, version.to_string()).at(&hint_tmp)?;
+        std::fs::rename(&hint_tmp, meta_dir.join(VERSION_HINT)).at(meta_dir.join(VERSION_HINT))?;
         Ok(())
     }
 }

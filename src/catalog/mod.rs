@@ -5,7 +5,7 @@
 //! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
 //! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
 mod hadoop;
-pub mod rest;
+pub(crate) mod rest;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -29,9 +29,20 @@ pub use hadoop::HadoopCatalog;
 pub const SQL_DEFAULT_NAME: &str = "cdc";
 const SQL_NAME_PROP: &str = "name";
 
+/// A connected catalog: where tables are found, loaded, created and committed to.
 pub enum Catalog {
+    /// Spark/Java's filesystem layout (`hadoop`).
     Hadoop(HadoopCatalog),
-    Sql { inner: SqlCatalog, pool: sqlx::SqlitePool, name: String },
+    /// iceberg-rust's SQL catalog on sqlite (the embedded default).
+    Sql {
+        /// The catalog.
+        inner: SqlCatalog,
+        /// Its database, for the compare-and-set commits iceberg-rust does not offer.
+        pool: sqlx::SqlitePool,
+        /// Its name (the `catalog_name` column).
+        name: String,
+    },
+    /// An Iceberg REST catalog (BigLake, Polaris, the reference server, …).
     Rest(Arc<rest::RestClient>),
 }
 
@@ -60,7 +71,8 @@ impl Catalog {
             CatalogType::Sql => {
                 let wh = strip_file_scheme(&warehouse);
                 if !storage::is_object_store(&wh) {
-                    std::fs::create_dir_all(&wh).map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false))?;
+                    std::fs::create_dir_all(&wh)
+                        .map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false).with_cause(e))?;
                 }
                 let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
                 let name = props.remove(SQL_NAME_PROP).unwrap_or_else(|| SQL_DEFAULT_NAME.to_string());
@@ -73,12 +85,12 @@ impl Catalog {
                     .with_storage_factory(Arc::new(storage_factory(cfg)))
                     .load(name.clone(), props)
                     .await
-                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
+                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false).with_cause(e))?;
                 let pool = sqlx::sqlite::SqlitePoolOptions::new()
                     .max_connections(2)
                     .connect(&uri)
                     .await
-                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false))?;
+                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false).with_cause(e))?;
                 // WAL: other processes reading the catalog (Spark's JdbcCatalog keeps read transactions open) must
                 // not block our compare-and-set commits. The mode is stored in the database file.
                 let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
@@ -97,6 +109,7 @@ impl Catalog {
             .map_err(|e| Error::Config(vec![format!("table name `{name}`: {e}")]))
     }
 
+    /// Loads table `name` (`namespace.table`); [`Error::TableNotFound`] when it does not exist.
     pub async fn load_table(&self, name: &str) -> Result<Table> {
         let ident = Self::ident(name)?;
         let res = match self {

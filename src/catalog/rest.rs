@@ -232,7 +232,7 @@ impl RestClient {
                 Err(_) => true,
             };
             if !transient || attempt >= READ_ATTEMPTS {
-                return r.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true));
+                return r.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e));
             }
             let delay = crate::backoff::delay(Duration::from_millis(200), attempt);
             tracing::debug!(catalog = %self.label, url, attempt, "transient catalog error; retrying in {delay:?}");
@@ -248,6 +248,7 @@ impl RestClient {
                 source_name: format!("{} catalog", self.label),
                 message: format!("{url}: HTTP {status}: {text}; check the credentials and that they may use this catalog (IAM roles)"),
                 retryable: false,
+                cause: None,
             },
             429 | 500..=599 => Error::catalog(&self.label, format!("{url}: HTTP {status}: {text}"), true),
             _ => Error::catalog(&self.label, format!("{url}: HTTP {status}: {text}"), false),
@@ -276,7 +277,7 @@ impl RestClient {
         if let Some(l) = meta_loc {
             b = b.metadata_location(l);
         }
-        b.build().map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), false))
+        b.build().map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), false).with_cause(e))
     }
 
     async fn load_response(&self, ident: &TableIdent) -> Result<(LoadTableResponse, String)> {
@@ -288,9 +289,9 @@ impl RestClient {
         if !resp.status().is_success() {
             return Err(self.status_error(&url, resp).await);
         }
-        let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
-        let parsed =
-            serde_json::from_str(&text).map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false))?;
+        let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
+        let parsed = serde_json::from_str(&text)
+            .map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false).with_cause(e))?;
         Ok((parsed, url))
     }
 
@@ -309,7 +310,8 @@ impl RestClient {
     pub async fn create_namespace(&self, ns: &NamespaceIdent) -> Result<()> {
         let url = self.url("namespaces");
         let body = serde_json::json!({"namespace": ns.iter().collect::<Vec<_>>(), "properties": {}});
-        let resp = self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
+        let resp =
+            self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
             StatusCode::CONFLICT => Ok(()),
@@ -342,7 +344,8 @@ impl RestClient {
         if let Some(o) = &creation.sort_order {
             body["write-order"] = serde_json::to_value(o).map_err(|e| Error::Internal(e.to_string()))?;
         }
-        let resp = self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true))?;
+        let resp =
+            self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
         if !resp.status().is_success() {
             return Err(self.status_error(&url, resp).await);
         }
@@ -441,6 +444,7 @@ impl StorageCredentials for VendedCredentials {
                         source_name: format!("{} catalog", self.client.label),
                         message: format!("the catalog stopped vending storage credentials for {}", self.ident),
                         retryable: true,
+                        cause: None,
                     });
                 }
                 tracing::debug!(table = %self.ident, "vended storage credentials renewed");

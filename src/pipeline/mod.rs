@@ -18,29 +18,41 @@ use crate::catalog::Catalog;
 use crate::change::ChangeType;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::output::{ChangeWriter, WriterSink};
+use crate::output::{ChangeWriter, WriterConsumer};
 use crate::sink::fanout::FanOut;
 use crate::sink::{Chunk, CommitStats, Committed, Initial, Sink, SourceInfo};
 use crate::source::changelog::{self, ChangelogScan, DeleteCache, ScanOptions, SnapshotStats};
 use crate::spec::lineage::{self, Bound};
 
 #[derive(Debug, Default, Serialize)]
+/// What one `cdc changes` run read and emitted.
 pub struct ChangesSummary {
+    /// The source table.
     pub table: String,
+    /// Snapshots in the range.
     pub snapshots: usize,
+    /// Compactions among them (no changes).
     pub skipped_replace: usize,
+    /// `INSERT` rows emitted.
     pub inserts: u64,
+    /// `DELETE` rows emitted.
     pub deletes: u64,
+    /// `UPDATE_BEFORE`/`UPDATE_AFTER` pairs emitted.
     pub update_pairs: u64,
+    /// Source files read.
     pub files_read: u64,
+    /// Their bytes.
     pub bytes_read: u64,
+    /// Bytes spilled to local disk.
     pub spilled_bytes: u64,
     /// The least `engine.memory_budget` that matches every copy-on-write rewrite of the range in memory, when one
     /// did not (see [`warn_in_parts`]).
     pub one_pass_memory_budget: Option<u64>,
+    /// Wall-clock time of the run.
     pub seconds: f64,
 }
 
+/// Connects to the source's catalog and loads the source table.
 pub async fn load_source(cfg: &Config) -> Result<(Catalog, Table)> {
     let catalog = Catalog::connect(&cfg.source.catalog, "source").await?;
     let table = catalog.load_table(&cfg.source.table).await?;
@@ -66,6 +78,7 @@ fn warn_in_parts(st: &SnapshotStats) -> Option<u64> {
     Some(p.one_pass_budget)
 }
 
+/// The changelog scan's options from `cfg`'s engine settings.
 pub fn scan_options(cfg: &Config) -> ScanOptions {
     ScanOptions {
         memory_budget: cfg.engine.memory_budget,
@@ -100,7 +113,7 @@ pub async fn run_changes(
     // Like Spark's changelog, ordinals count the snapshots that can carry changes: compactions get none.
     let mut ordinal = 0i32;
     for snap in &snapshots {
-        let st = scan.scan_snapshot(snap, ordinal, &mut WriterSink(writer.as_mut())).await?;
+        let st = scan.scan_snapshot(snap, ordinal, &mut WriterConsumer(writer.as_mut())).await?;
         if snap.summary().operation != iceberg::spec::Operation::Replace {
             ordinal += 1;
         }
@@ -125,23 +138,35 @@ pub async fn run_changes(
 /// What one `cdc sync` run did.
 #[derive(Debug, Default, Serialize)]
 pub struct SyncSummary {
+    /// The source table.
     pub source_table: String,
+    /// The destination (the Iceberg target table, or the sinks' labels).
     pub target_table: String,
+    /// Whether this run created the target table.
     pub target_created: bool,
+    /// Whether the run began with a bootstrap copy.
     pub bootstrap: bool,
+    /// Source snapshots applied by this run.
     pub source_snapshots_applied: usize,
     /// Source snapshot the target is at after the run.
     pub source_snapshot_id: Option<i64>,
+    /// The commits' ids in the destination (target snapshot ids).
     pub target_snapshot_ids: Vec<i64>,
+    /// Rows inserted.
     pub inserts: u64,
+    /// Rows deleted.
     pub deletes: u64,
+    /// Rows updated.
     pub updates: u64,
+    /// Files written.
     pub files_written: usize,
+    /// Their bytes.
     pub bytes_written: u64,
     /// Target files closed before they were full: more partitions were open at once than the memory budget holds.
     pub files_closed_early: u64,
     /// Source data files read (a file read twice counts twice) and their bytes.
     pub source_files_read: u64,
+    /// Bytes of the source files read.
     pub source_bytes_read: u64,
     /// Bytes the scan wrote to local spill files (netting runs and carry-over parts).
     pub spilled_bytes: u64,
@@ -155,6 +180,7 @@ pub struct SyncSummary {
     pub retries: u32,
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
+    /// Wall-clock time of the run.
     pub seconds: f64,
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
     /// several pipelines at once it includes theirs).
@@ -173,13 +199,19 @@ pub struct RunControl {
 /// One target commit, for progress display.
 #[derive(Debug, Clone, Serialize)]
 pub struct CommitReport {
+    /// The first source snapshot the commit covers.
     pub first_source_snapshot: i64,
+    /// The last one: the commit records it as progress.
     pub last_source_snapshot: i64,
+    /// How many source snapshots it covers.
     pub source_snapshots: usize,
+    /// The commit in the destination.
     pub target_snapshot_id: Option<i64>,
+    /// What it wrote.
     pub stats: CommitStats,
     /// Source snapshots the current plan covers, and how many of them are applied with this commit.
     pub planned_snapshots: usize,
+    /// Source snapshots of the plan applied so far, this commit included.
     pub done_snapshots: usize,
 }
 
@@ -240,7 +272,7 @@ pub async fn run(
     };
     let Some(current) = current else {
         let mut fan = FanOut::new(sinks.iter_mut().map(|s| s.as_mut() as &mut dyn Sink).collect());
-        return run_once(cfg, source, &mut fan, from, to, control, &mut on_commit).await;
+        return run_sink(cfg, source, &mut fan, from, to, control, &mut on_commit).await;
     };
     let info = source_info(cfg, source, current)?;
     let mut recorded = Vec::new();
@@ -253,7 +285,7 @@ pub async fn run(
         plan::Sharing::Separately => {
             let mut last = SyncSummary::default();
             for s in sinks.iter_mut() {
-                last = run_once(cfg, source, s.as_mut(), from, to, control, &mut on_commit).await?;
+                last = run_sink(cfg, source, s.as_mut(), from, to, control, &mut on_commit).await?;
             }
             return Ok(last);
         }
@@ -261,19 +293,19 @@ pub async fn run(
             for i in behind {
                 let s = sinks[i].as_mut();
                 tracing::info!(sink = %s.label(), from = ?recorded[i], to = ahead, "catching up alone before the shared read");
-                caught_up += run_once(cfg, source, s, from, Some(Bound::Snapshot(ahead)), control, &mut on_commit).await?.source_snapshots_applied;
+                caught_up += run_sink(cfg, source, s, from, Some(Bound::Snapshot(ahead)), control, &mut on_commit).await?.source_snapshots_applied;
             }
         }
         plan::Sharing::Together => {}
     }
     let mut fan = FanOut::new(sinks.iter_mut().map(|s| s.as_mut() as &mut dyn Sink).collect());
-    let mut summary = run_once(cfg, source, &mut fan, from, to, control, &mut on_commit).await?;
+    let mut summary = run_sink(cfg, source, &mut fan, from, to, control, &mut on_commit).await?;
     summary.source_snapshots_applied += caught_up;
     Ok(summary)
 }
 
 /// One sink (or one [`FanOut`]) over the range: sets up the scan, then [`apply`] carries out the plans.
-async fn run_once(
+async fn run_sink(
     cfg: &Config,
     source: &Table,
     sink: &mut dyn Sink,
@@ -348,7 +380,7 @@ impl Feed for ScanFeed<'_> {
         async move {
             self.scan.set_output(&chunk.schema)?;
             self.scan.set_removed_columns(sink.removed_columns());
-            let mut rows = SinkRows(sink);
+            let mut rows = OpenCommit(sink);
             let stats = &mut self.stats;
             let mut add = |st: SnapshotStats| {
                 stats.files_read += st.files_read;
@@ -467,9 +499,9 @@ fn peak_rss_bytes() -> u64 {
 const MAX_REPLANS: u32 = 100;
 
 /// The scan's output going into a sink's open commit.
-struct SinkRows<'a>(&'a mut dyn Sink);
+struct OpenCommit<'a>(&'a mut dyn Sink);
 
-impl crate::change::ChangeSink for SinkRows<'_> {
+impl crate::change::ChangeConsumer for OpenCommit<'_> {
     async fn write(&mut self, batch: RecordBatch) -> Result<()> {
         self.0.write(batch).await
     }
@@ -578,7 +610,13 @@ mod tests {
     impl Feed for FakeFeed {
         fn feed<'a>(&'a mut self, chunk: &'a Chunk, _: &'a mut dyn Sink) -> LocalBoxFuture<'a, Result<()>> {
             let fail = chunk.snapshots.iter().any(|s| Some(s.snapshot_id()) == self.fail_on);
-            Box::pin(async move { if fail { Err(Error::Internal("scan failed".into())) } else { Ok(()) } })
+            Box::pin(async move {
+                if fail {
+                    Err(Error::Internal("scan failed".into()))
+                } else {
+                    Ok(())
+                }
+            })
         }
     }
 

@@ -15,12 +15,11 @@ const MAX_REQUEST: usize = 8 * 1024;
 
 /// Binds `addr` (failing now, not later, when it is taken) and serves on a background thread.
 pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration) -> Result<()> {
-    let listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Io {
-        path: format!("metrics address {addr}"),
-        message: e.to_string(),
-        retryable: false,
-    })?;
-    listener.set_nonblocking(true).map_err(|e| Error::Io { path: format!("metrics address {addr}"), message: e.to_string(), retryable: false })?;
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| Error::Io { path: format!("metrics address {addr}"), message: e.to_string(), retryable: false, cause: None }.with_cause(e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Io { path: format!("metrics address {addr}"), message: e.to_string(), retryable: false, cause: None }.with_cause(e))?;
     std::thread::Builder::new()
         .name("cdc-http".into())
         .spawn(move || {

@@ -20,9 +20,9 @@
 //! systemd (`Type=notify`): `READY=1` once the configuration is valid and every catalog was tried; `WATCHDOG=1` at
 //! half of `WatchdogSec` only while no loop is overdue; `STATUS=` with a one-line lag summary; `STOPPING=1` on
 //! shutdown.
-pub mod config;
+pub(crate) mod config;
 mod http;
-pub mod telemetry;
+pub(crate) mod telemetry;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -142,7 +142,8 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
 }
 
 fn signal(kind: tokio::signal::unix::SignalKind) -> Result<tokio::signal::unix::Signal> {
-    tokio::signal::unix::signal(kind).map_err(|e| Error::Io { path: "signal handler".into(), message: e.to_string(), retryable: false })
+    tokio::signal::unix::signal(kind)
+        .map_err(|e| Error::Io { path: "signal handler".into(), message: e.to_string(), retryable: false, cause: None }.with_cause(e))
 }
 
 fn status_line(statuses: &[(RunLabels, telemetry::RunStatus)]) -> String {

@@ -47,6 +47,7 @@ pub struct SourceInfo {
     pub uuid: String,
     /// `namespace.table`, for messages and summaries.
     pub name: String,
+    /// The source table's metadata as the run loaded it.
     pub metadata: TableMetadataRef,
     /// Key columns as source field ids, in key order (empty: whole-row identity).
     pub key_ids: Vec<i32>,
@@ -70,6 +71,7 @@ pub struct Chunk {
 }
 
 impl Chunk {
+    /// The last source snapshot of the commit (its progress).
     pub fn last(&self) -> &SnapshotRef {
         self.snapshots.last().expect("a chunk has snapshots")
     }
@@ -78,13 +80,21 @@ impl Chunk {
 /// What one commit did.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct CommitStats {
+    /// Rows inserted.
     pub inserts: u64,
+    /// Rows deleted.
     pub deletes: u64,
+    /// Rows updated.
     pub updates: u64,
+    /// Rows in the data files written.
     pub data_rows: u64,
+    /// Rows in the equality-delete files written.
     pub equality_delete_rows: u64,
+    /// Positions deleted (position-delete files and deletion vectors).
     pub position_deletes: u64,
+    /// Files written.
     pub files: usize,
+    /// Their bytes.
     pub bytes: u64,
     /// Files closed before they were full because more partitions were open at once than the memory budget holds.
     pub files_closed_early: u64,
@@ -96,7 +106,12 @@ pub struct CommitStats {
 #[derive(Debug, Clone)]
 pub enum Committed {
     /// It landed; `id` names it in the sink (a target snapshot id).
-    Done { id: i64, stats: CommitStats },
+    Done {
+        /// The commit's id in the sink.
+        id: i64,
+        /// What it wrote.
+        stats: CommitStats,
+    },
     /// Nothing to write (compactions only): the progress moves with the next commit.
     Empty,
     /// The sink's progress moved under the plan (another writer): plan again.

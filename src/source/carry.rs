@@ -43,6 +43,7 @@
 //! key and partition columns, they are a fraction of a row to hold or spill ([`super::slim`],
 //! [`CarryOver::with_first_schema`]) and the whole rows that stream through are decided as they arrive — and swap
 //! the sides of what is emitted back.
+//! Size: ~700 lines of code and ~240 of unit tests, kept beside the algorithm they pin down.
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};

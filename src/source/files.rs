@@ -52,11 +52,9 @@ pub struct SnapshotFiles {
 
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let meta = table.metadata();
-    let list = table
-        .manifest_list_reader(snapshot)
-        .load()
-        .await
-        .map_err(|e| Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())))?;
+    let list = table.manifest_list_reader(snapshot).load().await.map_err(|e| {
+        Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e)
+    })?;
     let file_io = table.file_io().clone();
     let manifests: Vec<_> = futures::stream::iter(list.consume_entries().into_iter().map(|mf| {
         let file_io = file_io.clone();

@@ -14,6 +14,7 @@
 //!
 //! The buffer is sorted and spilled to Arrow IPC files on disk whenever it passes half the budget; the sorted runs
 //! are then merged, so a snapshot of any size is processed with bounded memory.
+//! Size: ~680 lines of code and ~190 of unit tests, kept beside the algorithm they pin down.
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -121,7 +121,8 @@ impl ReadGate {
         ReadGate { permits: Arc::new(Semaphore::new(kib as usize)), kib }
     }
 
-    /// KiB free right now (for tests and debug logs).
+    /// KiB free right now (for tests).
+    #[cfg(test)]
     pub fn available_kib(&self) -> usize {
         self.permits.available_permits()
     }

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 /// A range bound as the user gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bound {
+    /// A snapshot id.
     Snapshot(i64),
     /// Epoch milliseconds: the last snapshot committed at or before this time.
     TimestampMs(i64),
@@ -95,6 +96,7 @@ pub fn resolve_range(table: &str, meta: &TableMetadata, from: Option<Bound>, to:
     }
 }
 
+/// Milliseconds since the epoch as an RFC 3339 UTC timestamp.
 pub fn fmt_ms(ms: i64) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))

@@ -376,7 +376,7 @@ fn to_target(batch: &RecordBatch, target: &SchemaRef, to_source: &HashMap<i32, i
     Ok(RecordBatch::try_new(target.clone(), cols)?)
 }
 
-impl crate::change::ChangeSink for CommitWriter {
+impl crate::change::ChangeConsumer for CommitWriter {
     async fn write(&mut self, batch: RecordBatch) -> Result<()> {
         self.write_changes(&batch).await
     }

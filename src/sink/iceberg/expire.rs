@@ -154,8 +154,11 @@ async fn delete_unreachable(table: &Table, expired: &[SnapshotRef], remaining: &
 async fn manifests_of(table: &Table, snapshots: &[SnapshotRef]) -> Result<HashMap<String, iceberg::spec::ManifestFile>> {
     let mut out = HashMap::new();
     for s in snapshots {
-        let list =
-            table.manifest_list_reader(s).load().await.map_err(|e| Error::data(s.manifest_list(), format!("cannot read manifest list: {e}")))?;
+        let list = table
+            .manifest_list_reader(s)
+            .load()
+            .await
+            .map_err(|e| Error::data(s.manifest_list(), format!("cannot read manifest list: {e}")).with_cause(e))?;
         out.extend(list.consume_entries().into_iter().map(|m| (m.manifest_path.clone(), m)));
     }
     Ok(out)

@@ -16,6 +16,7 @@ use super::location::Locations;
 use super::split::Splitter;
 use crate::error::{Error, Result};
 
+/// Size a data file is closed at, unless configured.
 pub const DEFAULT_TARGET_FILE_SIZE: usize = crate::config::DEFAULT_TARGET_FILE_SIZE as usize;
 
 /// Bytes an open file holds beside its row group in progress, per column: parquet-rs keeps a compressor context,
@@ -62,8 +63,11 @@ pub const MIN_OPEN_CLUSTERED: usize = 16;
 pub const MIN_OPEN_SCATTERED: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// What a file written by a [`PartitionedWriter`] holds.
 pub enum Content {
+    /// Rows.
     Data,
+    /// Equality deletes on these field ids.
     EqualityDeletes(Vec<i32>),
 }
 
@@ -78,14 +82,19 @@ struct Open {
 /// Where a written row ended up.
 #[derive(Debug, Clone)]
 pub struct Placement {
+    /// The file the rows went to.
     pub path: Arc<str>,
+    /// The position of the first row in it.
     pub first_pos: u64,
+    /// How many rows.
     pub rows: usize,
+    /// The rows, as written.
     pub batch: RecordBatch,
     /// Partition of the file (None when the table is unpartitioned).
     pub partition: Option<Struct>,
 }
 
+/// Writes rows into files per partition, closing each at the target size.
 pub struct PartitionedWriter {
     content: Content,
     spec: PartitionSpecRef,
@@ -337,7 +346,7 @@ fn io_error(path: &str, e: iceberg::Error) -> Error {
         cause = c.source();
     }
     if io || message.contains("(os error ") {
-        Error::Io { path: path.to_string(), message, retryable: false }
+        Error::Io { path: path.to_string(), message, retryable: false, cause: None }
     } else {
         Error::Iceberg(e)
     }

@@ -14,15 +14,23 @@ use std::collections::HashMap;
 use iceberg::spec::TableMetadata;
 use iceberg::TableUpdate;
 
+/// Summary key: the source table the progress is of.
 pub const SOURCE_TABLE_UUID: &str = "cdc.source-table-uuid";
+/// Summary key: its name, for people.
 pub const SOURCE_TABLE: &str = "cdc.source-table";
+/// Summary key: the source snapshot the target is at.
 pub const SOURCE_SNAPSHOT_ID: &str = "cdc.source-snapshot-id";
+/// Summary key: that snapshot's sequence number.
 pub const SOURCE_SEQUENCE_NUMBER: &str = "cdc.source-sequence-number";
+/// Summary key: the version of `cdc` that wrote the commit.
 pub const WRITER: &str = "cdc.writer";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a target is in its source.
 pub struct Progress {
+    /// The last source snapshot applied.
     pub source_snapshot_id: i64,
+    /// Its sequence number.
     pub source_sequence_number: i64,
     /// Target snapshot that recorded it.
     pub target_snapshot_id: i64,
@@ -67,6 +75,7 @@ fn from_summaries(target: &TableMetadata, source_uuid: &str) -> Option<Progress>
     None
 }
 
+/// The snapshot summary entries recording progress at source snapshot `snapshot_id`.
 pub fn properties(source_uuid: &str, source_table: &str, snapshot_id: i64, sequence_number: i64) -> HashMap<String, String> {
     HashMap::from([
         (SOURCE_TABLE_UUID.to_string(), source_uuid.to_string()),

@@ -26,6 +26,7 @@ const TOTALS: [(&str, &str); 6] = [
 ];
 
 #[derive(Default)]
+/// A row-delta commit being built: data files, delete files, summary and table properties, an optional new schema.
 pub struct RowDelta {
     data: Vec<DataFile>,
     /// Delete files with the partition spec they were written in (`None`: the table's default spec).
@@ -37,23 +38,29 @@ pub struct RowDelta {
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
 pub struct PreparedCommit {
+    /// The id of the snapshot the commit adds.
     pub snapshot_id: i64,
     /// The new snapshot's sequence number.
     pub sequence_number: i64,
+    /// What the table must still be for the commit to apply.
     pub requirements: Vec<TableRequirement>,
+    /// The metadata updates of the commit.
     pub updates: Vec<TableUpdate>,
     /// The manifests and the manifest list this commit wrote (garbage unless it lands).
     pub metadata_files: Vec<String>,
 }
 
 impl RowDelta {
+    /// An empty row delta.
     pub fn new() -> Self {
         Self::default()
     }
+    /// Adds data files.
     pub fn add_data_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
         self.data.extend(files);
         self
     }
+    /// Adds delete files in the table's default spec.
     pub fn add_delete_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
         self.deletes.extend(files.into_iter().map(|f| (None, f)));
         self

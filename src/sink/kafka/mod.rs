@@ -12,8 +12,8 @@
 //!
 //! Invariants: progress is only written inside the transaction of the messages it covers; a Debezium update pair is
 //! never split across transactions; a fenced producer (another instance took over) is a permanent error.
-pub mod auth;
-pub mod encode;
+pub(crate) mod auth;
+pub(crate) mod encode;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,10 +49,12 @@ pub struct Progress {
     pub source_uuid: String,
     /// The last source snapshot whose changes are all published (`None`: none yet).
     pub snapshot_id: Option<i64>,
+    /// That snapshot's sequence number.
     pub sequence_number: Option<i64>,
     /// Change rows after `snapshot_id` already published by transactions of an unfinished chunk.
     #[serde(default)]
     pub partial_rows: u64,
+    /// When the record was written (ms since the epoch).
     pub written_at_ms: i64,
     /// The topic the pipeline publishes to (its configured pattern); records written before it was kept have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +110,7 @@ pub struct KafkaSink {
     retries: u32,
     /// Transactions committed (early ones included) and aborted, for metrics.
     pub transactions: u64,
+    /// Transactions aborted.
     pub aborts: u64,
     /// The engine's memory budget; the scan leaves [`KAFKA_SHARE`] of it to the producer.
     memory_budget: u64,
@@ -199,7 +202,7 @@ impl KafkaSink {
                     | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
             )
         );
-        Error::Kafka { what: what.to_string(), message: e.to_string(), retryable }
+        Error::Kafka { what: what.to_string(), message: e.to_string(), retryable, cause: None }
     }
 
     async fn blocking<T: Send + 'static>(
@@ -253,6 +256,7 @@ impl KafkaSink {
                                 what: format!("creating the progress topic {name}"),
                                 message: code.to_string(),
                                 retryable: true,
+                                cause: None,
                             });
                         }
                     }
@@ -307,10 +311,14 @@ impl KafkaSink {
         let bytes = fetch.map_err(|e| self.error("reading the progress topic", e))?;
         bytes
             .map(|b| {
-                serde_json::from_slice::<Progress>(&b).map_err(|e| Error::Kafka {
-                    what: format!("progress record of `{}` in {}", self.pipeline, self.cfg.progress_topic),
-                    message: format!("unreadable: {e}"),
-                    retryable: false,
+                serde_json::from_slice::<Progress>(&b).map_err(|e| {
+                    Error::Kafka {
+                        what: format!("progress record of `{}` in {}", self.pipeline, self.cfg.progress_topic),
+                        message: format!("unreadable: {e}"),
+                        retryable: false,
+                        cause: None,
+                    }
+                    .with_cause(e)
                 })
             })
             .transpose()

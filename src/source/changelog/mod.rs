@@ -11,6 +11,8 @@
 //! ([`super::carry`]); the survivors are netted into change rows ([`super::net`]): for the whole snapshot at once,
 //! which puts it in key order, or — when every row of a key lives in one partition and the consumer applies the
 //! snapshot whole (`ScanOptions::key_order` false) — per group, each group's rows handed on as it finishes.
+//! Size: ~870 lines of code — the scan's control flow (per-snapshot planning, reading, carry-over groups, delivery) is
+//! one type's methods; the parts that stand alone live in `state`, `groups` and `diff`.
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -24,7 +26,7 @@ use iceberg::spec::{DataContentType, Operation, PrimitiveType, Schema, SnapshotR
 use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
-use crate::change::{self, ChangeSink, ChangeType, CommitInfo};
+use crate::change::{self, ChangeConsumer, ChangeType, CommitInfo};
 use crate::config::share_of;
 use crate::error::{Error, Result};
 use crate::source::carry::{least_bytes, CarryOver, CarryStats, Finished, MAX_MATCHER_ROWS};
@@ -34,6 +36,15 @@ use crate::source::net::{NetStats, Netter, Side};
 use crate::source::reader::{self, EqDeletes};
 use crate::source::slim::Slim;
 use crate::spec::lineage;
+
+mod diff;
+mod groups;
+mod state;
+
+use diff::*;
+pub use groups::InParts;
+use groups::*;
+use state::*;
 
 /// How a scan divides `engine.memory_budget` (numerator, denominator). The parts run at the same time — readers hold
 /// fetched row groups while carry-over holds fingerprints and rows and the netter buffers change rows — so each set
@@ -266,7 +277,7 @@ impl<'a> ChangelogScan<'a> {
     }
 
     /// Emits the change rows of one snapshot, in key order.
-    pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
+    pub async fn scan_snapshot(&self, snapshot: &SnapshotRef, ordinal: i32, sink: &mut impl ChangeConsumer) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let mut stats =
             SnapshotStats { snapshot_id: snapshot.snapshot_id(), operation: snapshot.summary().operation.as_str().to_string(), ..Default::default() };
@@ -367,7 +378,12 @@ impl<'a> ChangelogScan<'a> {
 
     /// Hands netted batches (data columns + `_change_type` code) to `sink` with the commit's metadata columns, in
     /// the schema of the output; counts the rows per change type.
-    async fn deliver(&self, mut rx: tokio::sync::mpsc::Receiver<RecordBatch>, commit: CommitInfo, sink: &mut impl ChangeSink) -> Result<[u64; 4]> {
+    async fn deliver(
+        &self,
+        mut rx: tokio::sync::mpsc::Receiver<RecordBatch>,
+        commit: CommitInfo,
+        sink: &mut impl ChangeConsumer,
+    ) -> Result<[u64; 4]> {
         let out_data_schema = data_part(&self.out_schema);
         let mut counts = [0u64; 4];
         while let Some(b) = rx.recv().await {
@@ -741,7 +757,7 @@ impl ChangelogScan<'_> {
     }
 
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
-    pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeSink) -> Result<SnapshotStats> {
+    pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeConsumer) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
         let data_schema = arrow_schema(&schema)?;
@@ -849,481 +865,6 @@ fn touched_files(plan: &files::SnapshotFiles) -> Vec<Arc<FileEntry>> {
     let mut v: Vec<_> = out.into_values().collect();
     v.sort_by(|a, b| a.path().cmp(b.path()));
     v
-}
-
-async fn load_state(
-    file_io: &FileIO,
-    cache: &DeleteCache,
-    data: &FileEntry,
-    exists: bool,
-    deletes: &[Arc<FileEntry>],
-    schema: &SchemaRef,
-    schema_id: i32,
-) -> Result<StateDeletes> {
-    let mut st = StateDeletes { exists, ..Default::default() };
-    if !exists {
-        return Ok(st);
-    }
-    for d in deletes {
-        match d.file.content_type() {
-            DataContentType::PositionDeletes if d.is_dv() => {
-                let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
-                let cached = cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
-                let bm = match cached {
-                    Some(b) => b,
-                    None => {
-                        let b = Arc::new(reader::read_dv(file_io, d).await?);
-                        cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, b.clone());
-                        b
-                    }
-                };
-                st.positions |= bm.as_ref();
-            }
-            DataContentType::PositionDeletes => {
-                let cached = cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(d.path()).cloned();
-                let m = match cached {
-                    Some(m) => m,
-                    None => {
-                        let m = Arc::new(reader::read_position_deletes(file_io, d.path()).await?);
-                        cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(d.path().to_string(), m.clone());
-                        m
-                    }
-                };
-                if let Some(bm) = m.get(data.path()) {
-                    st.positions |= bm;
-                }
-            }
-            DataContentType::EqualityDeletes => {
-                // keys are encoded with the reading schema's types
-                let key = (d.path().to_string(), schema_id);
-                let cached = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
-                let e = match cached {
-                    Some(e) => e,
-                    None => {
-                        let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
-                        cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, e.clone());
-                        e
-                    }
-                };
-                let (conv, idx) = e.converter(schema)?;
-                st.eq.push((e, conv, idx));
-            }
-            DataContentType::Data => {}
-        }
-    }
-    Ok(st)
-}
-
-/// Where the rows of a batch sit in their file.
-#[derive(Clone, Copy)]
-enum At<'a> {
-    /// Consecutive rows from this position on (a whole-file read).
-    From(u64),
-    /// These positions, one per row (a read of selected rows).
-    Positions(&'a [u64]),
-}
-
-impl At<'_> {
-    fn position(&self, i: usize) -> u64 {
-        match self {
-            At::From(offset) => offset + i as u64,
-            At::Positions(p) => p[i],
-        }
-    }
-}
-
-/// Live mask of one batch whose rows sit at `at` in the file.
-fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<bool>> {
-    let n = batch.num_rows();
-    if !st.exists {
-        return Ok(vec![false; n]);
-    }
-    let mut live: Vec<bool> = if st.positions.is_empty() { vec![true; n] } else { (0..n).map(|i| !st.positions.contains(at.position(i))).collect() };
-    for (eq, conv, idx) in &st.eq {
-        let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
-        let rows = conv.convert_columns(&cols)?;
-        for (i, r) in rows.iter().enumerate() {
-            if live[i] && eq.keys.contains(r.as_ref()) {
-                live[i] = false;
-            }
-        }
-    }
-    Ok(live)
-}
-
-/// Whether the equality deletes that differ between the two states of a job's file hold few enough keys (at most
-/// one per [`KEY_FIRST_ROWS_PER_KEY`] rows of the file) that reading the compared columns first, then the matching
-/// rows by position, costs less than reading the file once. Denser deletes touch nearly every page, so the second
-/// read would decode the file again (measured: 12 % of the rows deleted made it 1.2× the bytes and +12 % CPU).
-fn few_equality_keys(job: &FileJob) -> bool {
-    let (before, after) = (equality_deletes(&job.before.1), equality_deletes(&job.after.1));
-    let keys: u64 = before.iter().chain(&after).filter(|(p, _)| before.contains_key(*p) != after.contains_key(*p)).map(|(_, n)| n).sum();
-    keys.saturating_mul(KEY_FIRST_ROWS_PER_KEY) <= job.file.file.record_count()
-}
-
-/// The equality-delete files among `deletes`: path → rows (keys) it holds.
-fn equality_deletes(deletes: &[Arc<FileEntry>]) -> HashMap<&str, u64> {
-    deletes.iter().filter(|d| d.file.content_type() == DataContentType::EqualityDeletes).map(|d| (d.path(), d.file.record_count())).collect()
-}
-
-/// See [`few_equality_keys`].
-const KEY_FIRST_ROWS_PER_KEY: u64 = 64;
-
-/// The positions whose rows can change, when nothing but position deletes (files or DVs) differs between the two
-/// states of a file that is in both: exactly the positions deleted in one state and not in the other. `None` when
-/// the file is added or removed, or its equality deletes differ (those can change rows anywhere in it).
-fn positional_change(job: &FileJob, before: &StateDeletes, after: &StateDeletes) -> Option<RoaringTreemap> {
-    if !(before.exists && after.exists) {
-        return None;
-    }
-    (equality_deletes(&job.before.1) == equality_deletes(&job.after.1)).then(|| &before.positions ^ &after.positions)
-}
-
-/// What a carry-over group's worker receives: rows in the protocol's order, then the end.
-enum GroupRows {
-    Rows(FileRows),
-    Done,
-}
-
-/// Where a carry-over group's survivors go.
-#[derive(Clone)]
-enum GroupNet {
-    /// Into the snapshot's netter, shared by every group (its merge puts the whole snapshot in key order).
-    Shared(Arc<std::sync::Mutex<Netter>>, Option<Arc<Slim>>),
-    /// Into a netter of the group's own, whose netted rows go to `tx` when the group is done (partition-aligned
-    /// groups; see `ScanOptions::key_order`).
-    /// Either way `slim`: removed rows carry only what the sink reads of them (see `super::slim`).
-    Own { data_schema: SchemaRef, key_idx: Vec<usize>, budget: u64, tx: tokio::sync::mpsc::Sender<RecordBatch>, slim: Option<Arc<Slim>> },
-}
-
-impl GroupNet {
-    fn slim(&self) -> Option<Arc<Slim>> {
-        match self {
-            GroupNet::Own { slim, .. } | GroupNet::Shared(_, slim) => slim.clone(),
-        }
-    }
-
-    /// The side carry-over takes whole first: the removed rows when they are slim (a fraction of a row to hold or
-    /// spill), else the added rows.
-    fn first_side(&self) -> Side {
-        if self.slim().is_some() {
-            Side::Removed
-        } else {
-            Side::Added
-        }
-    }
-}
-
-/// A group's survivors on their way, in the group's worker: made from its [`GroupNet`].
-enum Survivors {
-    Shared(Arc<std::sync::Mutex<Netter>>),
-    Own(Box<Netter>, tokio::sync::mpsc::Sender<RecordBatch>),
-}
-
-impl Survivors {
-    fn new(net: GroupNet, spill_dir: &std::path::Path) -> Result<Self> {
-        Ok(match net {
-            GroupNet::Shared(n, _) => Survivors::Shared(n),
-            GroupNet::Own { data_schema, key_idx, budget, tx, .. } => {
-                // carry-over has cancelled every identical pair already (and slim removed rows hold placeholders)
-                let netter = Netter::new(data_schema, key_idx, budget, spill_dir)?.without_cancelling();
-                Survivors::Own(Box::new(netter), tx)
-            }
-        })
-    }
-
-    fn push(&mut self, side: Side, batch: RecordBatch) -> Result<()> {
-        match self {
-            Survivors::Shared(n) => n.lock().map_err(|_| Error::Internal("the netter's lock is poisoned".into()))?.push(side, batch),
-            Survivors::Own(n, _) => n.push(side, batch),
-        }
-    }
-
-    /// An own netter nets the group and sends its rows on; its statistics, or None when the receiver is gone. A
-    /// shared netter is finished by the scan: nothing to do here.
-    async fn finish(self) -> Result<Option<NetStats>> {
-        let Survivors::Own(netter, tx) = self else {
-            return Ok(Some(NetStats::default()));
-        };
-        let mut merge = netter.finish()?;
-        while let Some(b) = merge.next_batch()? {
-            if tx.send(b).await.is_err() {
-                return Ok(None);
-            }
-        }
-        Ok(Some(merge.stats()))
-    }
-}
-
-/// Upper bounds on the rows of one carry-over group's sides (manifest record counts): the side carry-over takes
-/// first, which its plan is sized by, and the other.
-#[derive(Clone, Copy)]
-struct GroupRowsBound {
-    first: u64,
-    second: u64,
-}
-
-/// Whether carry-over can match a group of `rows` with `share` bytes of the scan's budget: rows a side within what it
-/// numbers, and a plan that fits ([`CarryOver::parts_for`]). Else what to do about it: the configured budget that
-/// would do (the share is a fixed part of it, so the least share with a plan is scaled back), or partitioning the table.
-fn group_fits(rows: GroupRowsBound, share: u64, opts: &ScanOptions) -> std::result::Result<(), String> {
-    let plan = CarryOver::parts_for(rows.first, share);
-    if rows.first.max(rows.second) >= MAX_MATCHER_ROWS && plan != Some(1) {
-        return Err(format!(
-            "carry-over matches at most {MAX_MATCHER_ROWS} rows a side in one partition; partition the table (e.g. by bucket(N, key)) so that a rewrite touches smaller partitions"
-        ));
-    }
-    if plan.is_none() {
-        let needed = (CarryOver::least_share(rows.first) as u128 * opts.memory_budget.max(1) as u128).div_ceil(share.max(1) as u128);
-        return Err(format!(
-            "matching its rows needs engine.memory_budget = \"{}MiB\" or more (it is {} MiB); raise it in the config",
-            opts.configured_for(u64::try_from(needed).unwrap_or(u64::MAX)) >> 20,
-            opts.configured_budget.div_ceil(1 << 20)
-        ));
-    }
-    Ok(())
-}
-
-/// An upper bound on the rows a group's files add or remove (manifest record counts of the files that can).
-fn side_upper(jobs: &[FileJob], side: Side) -> u64 {
-    jobs.iter().filter(|j| if side == Side::Added { j.can_add() } else { j.can_remove() }).map(|j| j.file.file.record_count()).sum()
-}
-
-/// What one carry-over group may use: bytes of memory, concurrent file reads, and, when groups take turns with
-/// the share, the turn it waits for before reading.
-struct GroupBudget {
-    share: u64,
-    reads: usize,
-    turn: Option<Arc<tokio::sync::Semaphore>>,
-}
-
-/// What one carry-over group did.
-struct GroupDone {
-    /// (files, rows, bytes) read.
-    totals: (u64, u64, u64),
-    carry: CarryStats,
-    /// The group's own netting (zero when it shared the snapshot's netter).
-    net: NetStats,
-}
-
-/// What pushing a snapshot's rows through carry-over gives back: the sums over its groups.
-#[derive(Default)]
-struct CarryPushed {
-    /// (files, rows, bytes) read.
-    totals: (u64, u64, u64),
-    carry: CarryStats,
-    net: NetStats,
-    in_parts: Option<InParts>,
-}
-
-/// How the carry-over groups of one snapshot share the carry-over part of a scan budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct GroupPlan {
-    /// Bytes each group may hold.
-    share: u64,
-    /// Whether groups take turns with a larger share (some group would be split into parts at an even split).
-    solo: bool,
-    /// Whether every group matches in one part, in memory.
-    one_pass: bool,
-}
-
-impl GroupPlan {
-    /// The plan for groups of `rows` (each the rows of the side carry-over takes first) with a scan `budget`, `k`
-    /// groups at once.
-    ///
-    /// When groups would have to be split, they take turns instead: one group at a time holds the carry-over
-    /// share (at 100 M rows 43 of a group's 77 parts stay resident instead of 25, so less of the removed side is
-    /// spilled: 15.8 → 13.3 GB), and hands it on as soon as its resident parts are matched; the next group then
-    /// reads and matches while this one matches its other parts from disk and streams its survivors, so both
-    /// cores stay busy. The finishing group still holds a part's matcher, its survivor lists' buffers, its
-    /// parts' file buffers and the batches it streams: a quarter of the share is left for that (with an eighth,
-    /// peak RSS reached 394 MB at 100 M rows, over budget + 128 MB).
-    fn new(rows: &[u64], budget: u64, k: usize) -> Self {
-        let carry_share = share_of(budget, CARRY_SHARE);
-        let fits = |share: u64| rows.iter().all(|r| CarryOver::parts_for(*r, share) == Some(1));
-        let solo = k > 1 && !fits(carry_share / k as u64);
-        let share = if solo { carry_share - carry_share / 4 } else { (carry_share / k as u64).max(1) };
-        GroupPlan { share, solo, one_pass: fits(share) }
-    }
-
-    /// The least scan budget with which every group of `rows` matches in one part (its matcher in memory): from
-    /// there a rewrite costs the same per row whatever its size.
-    fn least_one_pass_budget(rows: &[u64], k: usize) -> u64 {
-        least_bytes(|budget| GroupPlan::new(rows, budget, k).one_pass)
-    }
-}
-
-/// A snapshot whose carry-over groups did not all match in memory: some were split into parts and spilled, which
-/// costs more per row than one pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InParts {
-    /// Rows of the largest group (the side carry-over takes first).
-    pub largest_group_rows: u64,
-    /// The least `engine.memory_budget` with which every group would have matched in one part.
-    pub one_pass_budget: u64,
-}
-
-/// What every file task of one scan shares.
-struct FileReads {
-    file_io: FileIO,
-    cache: Arc<DeleteCache>,
-    gate: reader::ReadGate,
-}
-
-/// What reading one data file cost.
-struct FileRead {
-    rows: u64,
-    bytes: u64,
-}
-
-/// Streams one data file and sends the rows it loses and gains. When only position deletes changed, only the rows
-/// at the changed positions are read ([`reader::read_rows_at`]); otherwise the whole file is.
-async fn diff_file(
-    shared: &FileReads,
-    job: FileJob,
-    schema: SchemaRef,
-    schema_id: i32,
-    fingerprint: bool,
-    views: bool,
-    tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
-) -> Result<FileRead> {
-    let f = job.file.as_ref();
-    let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
-    let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
-    let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
-    let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
-    let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
-    let mut bytes = 0;
-    let changed = match positional_change(&job, &sb, &sa) {
-        Some(changed) => Some(changed),
-        None if sb.exists && sa.exists && few_equality_keys(&job) => {
-            // equality deletes differ: find the rows whose liveness changes from the columns the deletes compare
-            let found = changed_by_equality(shared, f, &schema, &sb, &sa).await?;
-            bytes += found.bytes;
-            Some(found.positions)
-        }
-        None => None,
-    };
-    if let Some(changed) = changed {
-        if changed.is_empty() {
-            return Ok(FileRead { rows: 0, bytes });
-        }
-        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), Some(&changed)).await?;
-        check_rows(f, read.rows_in_file)?;
-        let mut stream = Box::pin(read.stream);
-        let mut positions = changed.iter().take_while(|p| *p < read.rows_in_file);
-        let mut rows = 0u64;
-        while let Some(batch) = stream.try_next().await? {
-            let at: Vec<u64> = positions.by_ref().take(batch.num_rows()).collect();
-            if at.len() != batch.num_rows() {
-                return Err(Error::data(f.path(), "the reader returned more rows than positions were selected"));
-            }
-            rows += at.len() as u64;
-            if !states.send(&batch, At::Positions(&at), tx).await? {
-                break;
-            }
-        }
-        return Ok(FileRead { rows, bytes: bytes + read.fetched.load(std::sync::atomic::Ordering::Relaxed) });
-    }
-    // without delete files (whose key encoding wants plain strings)
-    let views = views && job.before.1.is_empty() && job.after.1.is_empty();
-    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
-    let mut offset = 0u64;
-    while let Some(batch) = stream.try_next().await? {
-        let at = At::From(offset);
-        offset += batch.num_rows() as u64;
-        if !states.send(&batch, at, tx).await? {
-            // receiver gone: the scan failed elsewhere
-            return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
-        }
-    }
-    check_rows(f, offset)?;
-    Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
-}
-
-/// A file's rows as read must be the rows its manifest entry counts (else positions would point at other rows).
-fn check_rows(f: &FileEntry, rows: u64) -> Result<()> {
-    if rows != f.file.record_count() {
-        return Err(Error::data(f.path(), format!("file has {rows} rows but its manifest entry says {}", f.file.record_count())));
-    }
-    Ok(())
-}
-
-/// The positions of a file whose liveness changes, and the bytes read to find them.
-struct Changed {
-    positions: RoaringTreemap,
-    bytes: u64,
-}
-
-/// The positions of `f` (in both states) live in one state and not in the other, found by reading only the columns
-/// the states' equality deletes compare: the key is usually a small part of a row, and the rows it finds are then
-/// read by position — so an equality delete of a few keys, which applies to every older file of its partition, reads
-/// their keys and the pages of the matching rows, not the files.
-async fn changed_by_equality(shared: &FileReads, f: &FileEntry, schema: &SchemaRef, before: &StateDeletes, after: &StateDeletes) -> Result<Changed> {
-    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|(e, _, _)| e.field_ids.iter().copied()).collect();
-    let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
-    let keys: SchemaRef = Arc::new(schema.project(&cols)?);
-    let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
-    let read = reader::read_rows_at(&shared.file_io, f.path(), keys, Some(&shared.gate), None).await?;
-    let mut stream = Box::pin(read.stream);
-    let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
-    while let Some(batch) = stream.try_next().await? {
-        let (lb, la) = (live_mask(&kb, &batch, At::From(offset))?, live_mask(&ka, &batch, At::From(offset))?);
-        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
-        offset += batch.num_rows() as u64;
-    }
-    check_rows(f, offset)?;
-    Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
-}
-
-impl StateDeletes {
-    /// The same state, its equality deletes compared on the columns of `schema` (a projection of the one it was
-    /// loaded with).
-    fn on(&self, schema: &SchemaRef) -> Result<StateDeletes> {
-        let eq = self
-            .eq
-            .iter()
-            .map(|(e, _, _)| {
-                let (conv, idx) = e.converter(schema)?;
-                Ok((e.clone(), conv, idx))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(StateDeletes { exists: self.exists, positions: self.positions.clone(), eq })
-    }
-}
-
-/// The two states of one file, and the fingerprinter when the read wants fingerprints.
-struct States<'a> {
-    before: &'a StateDeletes,
-    after: &'a StateDeletes,
-    fp: Option<&'a Fingerprinter>,
-}
-
-impl States<'_> {
-    /// Sends the rows of `batch` (at `at` in the file) that are live before and not after (removed), and after and not
-    /// before (added). `false` when the receiver is gone (the scan failed elsewhere).
-    async fn send(&self, batch: &RecordBatch, at: At<'_>, tx: &tokio::sync::mpsc::Sender<Result<FileRows>>) -> Result<bool> {
-        let lb = live_mask(self.before, batch, at)?;
-        let la = live_mask(self.after, batch, at)?;
-        for (side, mask) in [
-            (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
-            (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
-        ] {
-            if mask.iter().any(|m| *m) {
-                // a whole file added or removed (the common case) passes its batches on without a copy
-                let batch = if mask.iter().all(|m| *m) {
-                    batch.clone()
-                } else {
-                    arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(mask))?
-                };
-                let fps = self.fp.map(|f| f.fingerprints(&batch)).transpose()?;
-                if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
-                    return Ok(false);
-                }
-            }
-        }
-        Ok(true)
-    }
 }
 
 #[cfg(test)]

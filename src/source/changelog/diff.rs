@@ -1,0 +1,172 @@
+//! One data file's changes in a snapshot: its rows live before and after, compared position by position (or, for
+//! equality deletes, by key), read with the scan's shared readers and delete cache.
+use super::*;
+
+/// What every file task of one scan shares.
+pub(super) struct FileReads {
+    pub(super) file_io: FileIO,
+    pub(super) cache: Arc<DeleteCache>,
+    pub(super) gate: reader::ReadGate,
+}
+
+/// What reading one data file cost.
+pub(super) struct FileRead {
+    pub(super) rows: u64,
+    pub(super) bytes: u64,
+}
+
+/// Streams one data file and sends the rows it loses and gains. When only position deletes changed, only the rows
+/// at the changed positions are read ([`reader::read_rows_at`]); otherwise the whole file is.
+pub(super) async fn diff_file(
+    shared: &FileReads,
+    job: FileJob,
+    schema: SchemaRef,
+    schema_id: i32,
+    fingerprint: bool,
+    views: bool,
+    tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
+) -> Result<FileRead> {
+    let f = job.file.as_ref();
+    let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
+    let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
+    let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
+    let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
+    let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
+    let mut bytes = 0;
+    let changed = match positional_change(&job, &sb, &sa) {
+        Some(changed) => Some(changed),
+        None if sb.exists && sa.exists && few_equality_keys(&job) => {
+            // equality deletes differ: find the rows whose liveness changes from the columns the deletes compare
+            let found = changed_by_equality(shared, f, &schema, &sb, &sa).await?;
+            bytes += found.bytes;
+            Some(found.positions)
+        }
+        None => None,
+    };
+    if let Some(changed) = changed {
+        if changed.is_empty() {
+            return Ok(FileRead { rows: 0, bytes });
+        }
+        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), Some(&changed)).await?;
+        check_rows(f, read.rows_in_file)?;
+        let mut stream = Box::pin(read.stream);
+        let mut positions = changed.iter().take_while(|p| *p < read.rows_in_file);
+        let mut rows = 0u64;
+        while let Some(batch) = stream.try_next().await? {
+            let at: Vec<u64> = positions.by_ref().take(batch.num_rows()).collect();
+            if at.len() != batch.num_rows() {
+                return Err(Error::data(f.path(), "the reader returned more rows than positions were selected"));
+            }
+            rows += at.len() as u64;
+            if !states.send(&batch, At::Positions(&at), tx).await? {
+                break;
+            }
+        }
+        return Ok(FileRead { rows, bytes: bytes + read.fetched.load(std::sync::atomic::Ordering::Relaxed) });
+    }
+    // without delete files (whose key encoding wants plain strings)
+    let views = views && job.before.1.is_empty() && job.after.1.is_empty();
+    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
+    let mut offset = 0u64;
+    while let Some(batch) = stream.try_next().await? {
+        let at = At::From(offset);
+        offset += batch.num_rows() as u64;
+        if !states.send(&batch, at, tx).await? {
+            // receiver gone: the scan failed elsewhere
+            return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
+        }
+    }
+    check_rows(f, offset)?;
+    Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
+}
+
+/// A file's rows as read must be the rows its manifest entry counts (else positions would point at other rows).
+pub(super) fn check_rows(f: &FileEntry, rows: u64) -> Result<()> {
+    if rows != f.file.record_count() {
+        return Err(Error::data(f.path(), format!("file has {rows} rows but its manifest entry says {}", f.file.record_count())));
+    }
+    Ok(())
+}
+
+/// The positions of a file whose liveness changes, and the bytes read to find them.
+pub(super) struct Changed {
+    pub(super) positions: RoaringTreemap,
+    pub(super) bytes: u64,
+}
+
+/// The positions of `f` (in both states) live in one state and not in the other, found by reading only the columns
+/// the states' equality deletes compare: the key is usually a small part of a row, and the rows it finds are then
+/// read by position — so an equality delete of a few keys, which applies to every older file of its partition, reads
+/// their keys and the pages of the matching rows, not the files.
+pub(super) async fn changed_by_equality(
+    shared: &FileReads,
+    f: &FileEntry,
+    schema: &SchemaRef,
+    before: &StateDeletes,
+    after: &StateDeletes,
+) -> Result<Changed> {
+    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|(e, _, _)| e.field_ids.iter().copied()).collect();
+    let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
+    let keys: SchemaRef = Arc::new(schema.project(&cols)?);
+    let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
+    let read = reader::read_rows_at(&shared.file_io, f.path(), keys, Some(&shared.gate), None).await?;
+    let mut stream = Box::pin(read.stream);
+    let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
+    while let Some(batch) = stream.try_next().await? {
+        let (lb, la) = (live_mask(&kb, &batch, At::From(offset))?, live_mask(&ka, &batch, At::From(offset))?);
+        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
+        offset += batch.num_rows() as u64;
+    }
+    check_rows(f, offset)?;
+    Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
+}
+
+impl StateDeletes {
+    /// The same state, its equality deletes compared on the columns of `schema` (a projection of the one it was
+    /// loaded with).
+    pub(super) fn on(&self, schema: &SchemaRef) -> Result<StateDeletes> {
+        let eq = self
+            .eq
+            .iter()
+            .map(|(e, _, _)| {
+                let (conv, idx) = e.converter(schema)?;
+                Ok((e.clone(), conv, idx))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StateDeletes { exists: self.exists, positions: self.positions.clone(), eq })
+    }
+}
+
+/// The two states of one file, and the fingerprinter when the read wants fingerprints.
+pub(super) struct States<'a> {
+    pub(super) before: &'a StateDeletes,
+    pub(super) after: &'a StateDeletes,
+    pub(super) fp: Option<&'a Fingerprinter>,
+}
+
+impl States<'_> {
+    /// Sends the rows of `batch` (at `at` in the file) that are live before and not after (removed), and after and not
+    /// before (added). `false` when the receiver is gone (the scan failed elsewhere).
+    pub(super) async fn send(&self, batch: &RecordBatch, at: At<'_>, tx: &tokio::sync::mpsc::Sender<Result<FileRows>>) -> Result<bool> {
+        let lb = live_mask(self.before, batch, at)?;
+        let la = live_mask(self.after, batch, at)?;
+        for (side, mask) in [
+            (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
+            (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),
+        ] {
+            if mask.iter().any(|m| *m) {
+                // a whole file added or removed (the common case) passes its batches on without a copy
+                let batch = if mask.iter().all(|m| *m) {
+                    batch.clone()
+                } else {
+                    arrow_select::filter::filter_record_batch(batch, &BooleanArray::from(mask))?
+                };
+                let fps = self.fp.map(|f| f.fingerprints(&batch)).transpose()?;
+                if tx.send(Ok(FileRows { side, batch, fps })).await.is_err() {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+}
