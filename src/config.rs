@@ -206,6 +206,10 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// The newest snapshots of the target's main branch that stay whatever their age (at least 1).
     #[serde(default = "default_retain_snapshots")]
     pub retain_snapshots: usize,
+    /// Merge small manifests in commits (Iceberg Java's merge-append, by the table's `commit.manifest.*`
+    /// properties), so that a snapshot's manifests follow the data, not the number of commits.
+    #[serde(default = "default_true")]
+    pub merge_manifests: bool,
     /// The target's catalog (a `[catalogs.<name>]` name in a service file, resolved to its settings).
     pub catalog: C,
 }
@@ -227,6 +231,7 @@ impl<C> TargetConfig<C> {
             expire_snapshots: self.expire_snapshots,
             snapshot_retention: self.snapshot_retention,
             retain_snapshots: self.retain_snapshots,
+            merge_manifests: self.merge_manifests,
             catalog,
         }
     }
@@ -690,6 +695,7 @@ mod tests {
             "expire_snapshots",
             "snapshot_retention",
             "retain_snapshots",
+            "merge_manifests",
             "catalog",
         ];
         assert_eq!(keys_of::<TargetConfig>(), target);

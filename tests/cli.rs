@@ -1356,6 +1356,53 @@ async fn created_targets_keep_a_bounded_number_of_metadata_files() {
     }
 }
 
+/// Small manifests are merged in commits (Iceberg Java's merge-append): 58 target commits with inserts, updates and
+/// deletes (each adding a data and a delete manifest) leave a current snapshot whose manifests per content stay below
+/// the merge threshold, some commits record the merge in their summary, and the target still reads equal to the
+/// source — merged entries keep their sequence numbers, so equality deletes apply to exactly the rows they did.
+#[tokio::test(flavor = "multi_thread")]
+async fn small_manifests_are_merged_as_commits_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..55i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(3000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[3000 + i - 3])
+            .await
+            .unwrap();
+    }
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    let tw = dir.path().join("target");
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1"));
+    ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &first]));
+    ok(cdc(&["sync", "--config", cfg.to_str().unwrap()]));
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    let meta = target.metadata();
+    let head = meta.current_snapshot().unwrap();
+    let list = target.manifest_list_reader(head).load().await.unwrap();
+    let deletes = list.entries().iter().filter(|m| m.content == iceberg::spec::ManifestContentType::Deletes).count();
+    let data = list.entries().len() - deletes;
+    assert!(data < 50 && deletes < 50, "{data} data and {deletes} delete manifests after 58 commits");
+    let merged: Vec<_> = iceberg_cdc::spec::lineage::main_lineage(meta)
+        .iter()
+        .filter_map(|s| s.summary().additional_properties.get("manifests-replaced").cloned())
+        .collect();
+    assert!(!merged.is_empty(), "no commit merged manifests");
+    // a merged manifest lists older files as EXISTING, with the sequence numbers they were added with
+    let mut existing = 0;
+    for m in list.entries() {
+        for e in m.load_manifest(target.file_io()).await.unwrap().entries() {
+            if e.status() == iceberg::spec::ManifestStatus::Existing {
+                existing += 1;
+                assert!(e.sequence_number().unwrap() < head.sequence_number(), "{:?}", e.file_path());
+            }
+        }
+    }
+    assert!(existing > 40, "{existing} existing entries");
+}
+
 /// Files under `dir` (recursively), as paths.
 fn files_under(dir: &Path) -> std::collections::BTreeSet<String> {
     walk(dir).into_iter().map(|p| p.display().to_string()).collect()

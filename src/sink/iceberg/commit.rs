@@ -232,7 +232,7 @@ impl IcebergSink {
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
         let mut attempts: Vec<Attempt> = Vec::new();
         loop {
-            let mut prepared = row_delta(&data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            let mut prepared = row_delta(self.cfg.merge_manifests, &data, &dels, &props, &table_props, &evo).prepare(&target).await?;
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
             prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, prepared.sequence_number));
             attempts.push(Attempt {
@@ -405,14 +405,18 @@ async fn discard(io: &iceberg::io::FileIO, now: Option<&TargetState>, files: Vec
 }
 
 fn row_delta(
+    merge: bool,
     data: &[DataFile],
     dels: &[(i32, DataFile)],
     props: &HashMap<String, String>,
     table_props: &HashMap<String, String>,
     evo: &Evolution,
 ) -> RowDelta {
-    let mut delta =
-        RowDelta::new().add_data_files(data.iter().cloned()).set_snapshot_properties(props.clone()).set_table_properties(table_props.clone());
+    let mut delta = RowDelta::new()
+        .add_data_files(data.iter().cloned())
+        .set_snapshot_properties(props.clone())
+        .set_table_properties(table_props.clone())
+        .merge_manifests(merge);
     for (spec, f) in dels {
         delta = delta.add_delete_files_in_spec(*spec, [f.clone()]);
     }

@@ -14,6 +14,7 @@ use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
 
 use crate::error::{Error, Result};
+use crate::sink::iceberg::merge::{self, MergeStats};
 
 /// Summary totals carried forward from the parent and adjusted by what this snapshot adds.
 const TOTALS: [(&str, &str); 6] = [
@@ -34,6 +35,8 @@ pub struct RowDelta {
     properties: HashMap<String, String>,
     schema: Option<Schema>,
     table_properties: HashMap<String, String>,
+    /// Merge the parent's small manifests by the table's policy (see `merge`).
+    merge_manifests: bool,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -80,6 +83,11 @@ impl RowDelta {
     /// A new current schema, added in the same commit as the files (which are written in it).
     pub fn set_schema(mut self, schema: Schema) -> Self {
         self.schema = Some(schema);
+        self
+    }
+    /// Merges the parent's small manifests in this commit, by the table's `commit.manifest.*` properties.
+    pub fn merge_manifests(mut self, merge: bool) -> Self {
+        self.merge_manifests = merge;
         self
     }
     /// Table properties set in the same commit.
@@ -135,6 +143,14 @@ impl RowDelta {
         for (spec, f) in &self.deletes {
             groups.entry((1, spec.unwrap_or(default_spec))).or_insert_with(|| (ManifestContentType::Deletes, Vec::new())).1.push(f);
         }
+        let mut merged = MergeStats::default();
+        if self.merge_manifests {
+            let adding = groups.keys().map(|(content, spec)| ((*content == 1, *spec), 1)).collect();
+            let (kept, written, stats) = merge::merge(table, &schema, snapshot_id, manifests, &adding, &commit_uuid.to_string()).await;
+            manifests = kept;
+            metadata_files.extend(written);
+            merged = stats;
+        }
         for (n, ((_, spec_id), (content, files))) in groups.into_iter().enumerate() {
             let spec = meta
                 .partition_spec_by_id(spec_id)
@@ -178,6 +194,10 @@ impl RowDelta {
             let p = prev.get(total).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             let a = props.get(added).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             props.insert(total.to_string(), (p + a).to_string());
+        }
+        if merged.created > 0 {
+            props.insert("manifests-created".into(), (metadata_files.len() - 1).to_string());
+            props.insert("manifests-replaced".into(), merged.replaced.to_string());
         }
         props.extend(self.properties);
         let operation = if self.deletes.is_empty() { Operation::Append } else { Operation::Overwrite };
