@@ -982,6 +982,53 @@ fn signal(child: &std::process::Child, sig: i32) {
     }
 }
 
+/// The service keeps its target's history bounded as it follows the source, and counts it: with
+/// `snapshot_retention = "0s"` and `retain_snapshots = 2`, /metrics shows expiry runs, expired snapshots and deleted
+/// files, and the target keeps at most a few snapshots while it equals the source.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_expires_target_snapshots_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")])
+        .replace("table = \"replica.orders\"\n", "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\n");
+    std::fs::write(&cfg, toml).unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    let mut t = table.clone();
+    for i in 0..6i64 {
+        assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "step {i}: {}", log());
+        t = quickstart::commit_changes(&catalog, &t, &[(500 + i, "live", i as i128)], &[1 + i]).await.unwrap();
+    }
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "{}", log());
+    let orders = "pipeline=\"orders\"";
+    let m = http_get(port, "/metrics").1;
+    assert!(metric(&m, "cdc_maintenance_snapshots_expired_total", orders).unwrap_or(0.0) >= 3.0, "{m}");
+    assert!(metric(&m, "cdc_maintenance_files_deleted_total", orders).unwrap_or(0.0) >= 3.0, "{m}");
+    assert!(
+        metric(&m, "cdc_maintenance_runs_total", &format!("{orders},sink=\"iceberg:replica.orders\",task=\"expire\"")).unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    assert!(m.contains("cdc_maintenance_seconds_total"), "{m}");
+    let tcat = Catalog::connect(
+        &iceberg_cdc::config::CatalogConfig {
+            kind: iceberg_cdc::config::CatalogType::Hadoop,
+            warehouse: Some(tw.display().to_string()),
+            props: Default::default(),
+        },
+        "t",
+    )
+    .await
+    .unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    assert!(target.metadata().snapshots().len() <= 3, "{} target snapshots", target.metadata().snapshots().len());
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}
+
 /// The service end to end: READY and WATCHDOG notifications, the target following source commits, lag 0 and row
 /// counts in /metrics, a pipeline whose table is missing failing alone (/readyz), SIGHUP adding a pipeline, SIGTERM
 /// giving STOPPING and exit 0.

@@ -180,6 +180,12 @@ pub struct SyncSummary {
     pub retries: u32,
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
+    /// Target snapshots the run's commits expired, and the files only they referenced that went with them.
+    pub snapshots_expired: u64,
+    /// Files deleted with the expired snapshots.
+    pub files_deleted: u64,
+    /// Small target manifests the run's commits merged into fewer.
+    pub manifests_merged: u64,
     /// Wall-clock time of the run.
     pub seconds: f64,
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
@@ -522,6 +528,9 @@ fn record(
     summary.files_written += stats.files;
     summary.files_closed_early += stats.files_closed_early;
     summary.bytes_written += stats.bytes;
+    summary.snapshots_expired += stats.maintenance.snapshots_expired;
+    summary.files_deleted += stats.maintenance.files_deleted;
+    summary.manifests_merged += stats.maintenance.manifests_merged;
     summary.target_snapshot_ids.extend(id);
     on_commit(&CommitReport {
         first_source_snapshot: snaps.first().map(|s| s.snapshot_id()).unwrap_or_default(),

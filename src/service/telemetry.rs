@@ -18,11 +18,20 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::Error;
 use crate::pipeline::{CommitReport, SyncSummary};
+use crate::sink::MaintenanceStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct RunLabels {
     pub pipeline: String,
     pub sink: String,
+}
+
+/// A maintenance task of a pipeline's sink: `expire` (snapshot expiry) or `merge_manifests`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    pipeline: String,
+    sink: String,
+    task: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -127,6 +136,12 @@ pub struct Telemetry {
     overdue: Family<RunLabels, Gauge>,
     configured: Gauge,
     running: Gauge,
+    maintenance_runs: Family<TaskLabels, Counter>,
+    maintenance_seconds: Family<TaskLabels, Counter<f64, AtomicU64>>,
+    maintenance_failures: Family<TaskLabels, Counter>,
+    snapshots_expired: Family<RunLabels, Counter>,
+    files_deleted: Family<RunLabels, Counter>,
+    manifests_merged: Family<RunLabels, Counter>,
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
 }
 
@@ -155,6 +170,12 @@ impl Telemetry {
             overdue: Family::default(),
             configured: Gauge::default(),
             running: Gauge::default(),
+            maintenance_runs: Family::default(),
+            maintenance_seconds: Family::default(),
+            maintenance_failures: Family::default(),
+            snapshots_expired: Family::default(),
+            files_deleted: Family::default(),
+            manifests_merged: Family::default(),
             status: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -199,6 +220,20 @@ impl Telemetry {
         );
         registry.register("cdc_pipelines_configured", "Pipeline sinks in the configuration", t.configured.clone());
         registry.register("cdc_pipelines_running", "Pipeline sinks whose loop is running", t.running.clone());
+        registry.register(
+            "cdc_maintenance_runs",
+            "Maintenance runs that changed the target, by task (expire, merge_manifests)",
+            t.maintenance_runs.clone(),
+        );
+        registry.register_with_unit("cdc_maintenance", "Time spent in target maintenance, by task", Unit::Seconds, t.maintenance_seconds.clone());
+        registry.register("cdc_maintenance_failures", "Maintenance runs that failed (replication went on), by task", t.maintenance_failures.clone());
+        registry.register("cdc_maintenance_snapshots_expired", "Target snapshots expired", t.snapshots_expired.clone());
+        registry.register(
+            "cdc_maintenance_files_deleted",
+            "Files deleted because only expired snapshots referenced them (manifest lists, manifests, data and delete files)",
+            t.files_deleted.clone(),
+        );
+        registry.register("cdc_maintenance_manifests_merged", "Small target manifests merged into fewer in commits", t.manifests_merged.clone());
         Arc::new(Telemetry { registry, ..t })
     }
 
@@ -327,7 +362,26 @@ impl Telemetry {
         self.files.get_or_create(l).inc_by(r.stats.files as u64);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
         self.last_commit.get_or_create(l).set(now);
+        self.maintained(l, &r.stats.maintenance);
         self.with_status(l, |s| s.heartbeat = Instant::now());
+    }
+
+    /// Event: a commit's maintenance of the target (expiry, manifest merging) — counted, and logged by the sink.
+    fn maintained(&self, l: &RunLabels, m: &MaintenanceStats) {
+        let task = |t: &str| TaskLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), task: t.into() };
+        if m.snapshots_expired > 0 {
+            self.maintenance_runs.get_or_create(&task("expire")).inc();
+            self.snapshots_expired.get_or_create(l).inc_by(m.snapshots_expired);
+            self.files_deleted.get_or_create(l).inc_by(m.files_deleted);
+        }
+        self.maintenance_seconds.get_or_create(&task("expire")).inc_by(m.expire_seconds);
+        if m.manifests_merged > 0 {
+            self.maintenance_runs.get_or_create(&task("merge_manifests")).inc();
+            self.manifests_merged.get_or_create(l).inc_by(m.manifests_merged);
+        }
+        if m.failures > 0 {
+            self.maintenance_failures.get_or_create(&task("expire")).inc_by(m.failures);
+        }
     }
 
     /// Event: a sync run ended (its retries, re-plans and spilled bytes are counted).

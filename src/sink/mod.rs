@@ -100,6 +100,27 @@ pub struct CommitStats {
     pub files_closed_early: u64,
     /// From reading the commit's changes to the commit landing.
     pub seconds: f64,
+    /// What the sink's maintenance of its destination did with this commit.
+    pub maintenance: MaintenanceStats,
+}
+
+/// Maintenance a sink did to its destination with a commit — snapshot expiry, manifest merging — for metrics and
+/// summaries.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct MaintenanceStats {
+    /// Snapshots expired.
+    pub snapshots_expired: u64,
+    /// Files deleted because only expired snapshots referenced them (manifest lists, manifests, data and delete
+    /// files).
+    pub files_deleted: u64,
+    /// Time spent expiring.
+    pub expire_seconds: f64,
+    /// Small manifests merged into fewer, in the commit.
+    pub manifests_merged: u64,
+    /// Manifests the merging wrote.
+    pub manifests_written: u64,
+    /// Maintenance steps that failed (replication went on; they are retried after a later commit).
+    pub failures: u64,
 }
 
 /// How a commit ended.

@@ -31,7 +31,7 @@ use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{expire, progress, target};
-use crate::sink::{Chunk, CommitStats, Committed, Sink, SourceInfo};
+use crate::sink::{Chunk, CommitStats, Committed, MaintenanceStats, Sink, SourceInfo};
 
 /// An Iceberg target table, with the catalog it lives in.
 pub struct IcebergSink {
@@ -249,7 +249,9 @@ impl IcebergSink {
             let e = match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
                 Ok(t) => {
                     let id = prepared.snapshot_id;
-                    return Ok(self.landed(t, id, attempts, evo.map, CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats }).await);
+                    let mut stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
+                    (stats.maintenance.manifests_merged, stats.maintenance.manifests_written) = (prepared.merged.0 as u64, prepared.merged.1 as u64);
+                    return Ok(self.landed(t, id, attempts, evo.map, stats).await);
                 }
                 Err(e) => e,
             };
@@ -308,21 +310,27 @@ impl IcebergSink {
     /// manifests go; the table and the field mapping become current.
     /// Then, when due, the target's old snapshots are expired (best effort: a failed expiry is logged, and retried
     /// after a later commit).
-    async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, stats: CommitStats) -> Committed {
+    async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, mut stats: CommitStats) -> Committed {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
-        let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table).await } else { table };
+        let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await } else { table };
         self.table = Some(table);
         self.map = map;
         Committed::Done { id, stats }
     }
 }
 
-/// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards.
-async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table) -> Table {
+/// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards, and counts what
+/// it did in `stats`.
+pub(crate) async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table, stats: &mut MaintenanceStats) -> Table {
     let retention = expire::Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots };
-    match expire::expire(catalog, &table, &retention).await {
+    let started = Instant::now();
+    let expired = expire::expire(catalog, &table, &retention).await;
+    stats.expire_seconds += started.elapsed().as_secs_f64();
+    match expired {
         Ok(Some((after, e))) => {
+            stats.snapshots_expired += e.snapshots as u64;
+            stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64;
             tracing::info!(
                 table = %cfg.table, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
                 files = e.files, "expired old target snapshots and deleted the files only they referenced"
@@ -331,6 +339,7 @@ async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table) ->
         }
         Ok(None) => table,
         Err(e) => {
+            stats.failures += 1;
             tracing::warn!(table = %cfg.table, error = %e, "snapshot expiry failed; replication goes on, expiry is retried after a later commit");
             table
         }

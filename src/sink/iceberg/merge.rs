@@ -159,7 +159,9 @@ async fn merge_bin(
     path: &str,
 ) -> Result<ManifestFile> {
     let meta = table.metadata();
-    let spec = meta.partition_spec_by_id(spec_id).ok_or_else(|| Error::Internal(format!("a manifest names partition spec {spec_id}, which the table lacks")))?;
+    let spec = meta
+        .partition_spec_by_id(spec_id)
+        .ok_or_else(|| Error::Internal(format!("a manifest names partition spec {spec_id}, which the table lacks")))?;
     let builder = ManifestWriterBuilder::new(table.file_io().new_output(path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
     let mut w = match (meta.format_version(), content) {
         (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),

@@ -51,6 +51,8 @@ pub struct PreparedCommit {
     pub updates: Vec<TableUpdate>,
     /// The manifests and the manifest list this commit wrote (garbage unless it lands).
     pub metadata_files: Vec<String>,
+    /// Manifests of the parent merged into fewer (replaced, written).
+    pub merged: (usize, usize),
 }
 
 impl RowDelta {
@@ -234,7 +236,7 @@ impl RowDelta {
         if !self.table_properties.is_empty() {
             updates.push(TableUpdate::SetProperties { updates: self.table_properties });
         }
-        Ok(PreparedCommit { snapshot_id, sequence_number: seq, requirements, updates, metadata_files })
+        Ok(PreparedCommit { snapshot_id, sequence_number: seq, requirements, updates, metadata_files, merged: (merged.replaced, merged.created) })
     }
 }
 
