@@ -210,6 +210,10 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// properties), so that a snapshot's manifests follow the data, not the number of commits.
     #[serde(default = "default_true")]
     pub merge_manifests: bool,
+    /// `cdc maintain` deletes unreferenced files only when older than this: another writer's commit may be in
+    /// flight with its files written and its metadata not yet.
+    #[serde(default = "default_orphan_grace", with = "humantime_serde")]
+    pub orphan_grace: std::time::Duration,
     /// The target's catalog (a `[catalogs.<name>]` name in a service file, resolved to its settings).
     pub catalog: C,
 }
@@ -232,6 +236,7 @@ impl<C> TargetConfig<C> {
             snapshot_retention: self.snapshot_retention,
             retain_snapshots: self.retain_snapshots,
             merge_manifests: self.merge_manifests,
+            orphan_grace: self.orphan_grace,
             catalog,
         }
     }
@@ -239,6 +244,9 @@ impl<C> TargetConfig<C> {
 
 fn default_snapshot_retention() -> std::time::Duration {
     std::time::Duration::from_secs(3600)
+}
+fn default_orphan_grace() -> std::time::Duration {
+    std::time::Duration::from_secs(3 * 24 * 3600)
 }
 fn default_retain_snapshots() -> usize {
     10
@@ -696,6 +704,7 @@ mod tests {
             "snapshot_retention",
             "retain_snapshots",
             "merge_manifests",
+            "orphan_grace",
             "catalog",
         ];
         assert_eq!(keys_of::<TargetConfig>(), target);

@@ -69,6 +69,15 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Maintain the target table once: rewrite small manifests, expire snapshots beyond the retention, delete
+    /// orphan files older than `orphan_grace` (for `cdc sync` run from cron; the service does the first two itself).
+    Maintain {
+        #[arg(long)]
+        config: PathBuf,
+        /// Print the summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// The embedded default end to end: a demo table (local warehouse + sqlite catalog), its changes, and the service
     /// replicating it while it changes.
     Quickstart {
@@ -244,6 +253,25 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 summary.spilled_bytes as f64 / 1e6,
                 summary.seconds
             );
+        }
+        Cmd::Maintain { config, json } => {
+            let cfg = Config::load(&config)?;
+            let Some(t) = &cfg.target else {
+                return Err(Error::Config(vec!["[target]: `cdc maintain` maintains the Iceberg target; this file has none".into()]).into());
+            };
+            let catalog = iceberg_cdc::catalog::Catalog::connect(&t.catalog, "target").await?;
+            let (m, failed) = iceberg_cdc::sink::iceberg::maintain::maintain(&catalog, t).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&m)?);
+            } else {
+                eprintln!(
+                    "cdc: {}: manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
+                    m.table, m.manifests_before, m.manifests_after, m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
+                );
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
         }
         Cmd::Sync { config, range, json } => {
             let cfg = Config::load(&config)?;

@@ -318,7 +318,64 @@ fn from_crate(e: crate::error::Error) -> IcebergError {
     IcebergError::new(ErrorKind::Unexpected, format!("storage credentials: {e}")).with_retryable(retryable).with_source(e)
 }
 
+/// A file found by [`CdcStorage::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// Its full path or URL, spelled as the table's paths are (`scheme://bucket/key`, or a local path).
+    pub(crate) path: String,
+    /// When it was last written, in ms since the epoch (0 when the store does not say: never "old").
+    pub(crate) modified_ms: i64,
+}
+
+impl CdcStorageFactory {
+    /// A storage for `io`'s properties with this factory's credentials, for what FileIO cannot do (listing).
+    pub(crate) fn storage_for(&self, io: &FileIO) -> CdcStorage {
+        CdcStorage { inner: Arc::new(Inner { props: io.config().props().clone(), credentials: self.credentials.clone(), ops: Mutex::default() }) }
+    }
+}
+
 impl CdcStorage {
+    /// Every file under `prefix` (a directory path or URL), recursively.
+    pub(crate) async fn list(&self, prefix: &str) -> iceberg::Result<Vec<Listed>> {
+        let dir = if prefix.ends_with('/') { prefix.to_string() } else { format!("{prefix}/") };
+        if Self::local(&dir) {
+            let root = dir.strip_prefix("file://").or_else(|| dir.strip_prefix("file:")).unwrap_or(&dir).to_string();
+            let scheme = if dir.starts_with("file:") { &dir[..dir.len() - root.len()] } else { "" };
+            let mut out = Vec::new();
+            let mut stack = vec![std::path::PathBuf::from(&root)];
+            while let Some(d) = stack.pop() {
+                let entries = match std::fs::read_dir(&d) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(IcebergError::new(ErrorKind::Unexpected, format!("cannot list {}: {e}", d.display())).with_source(e)),
+                };
+                for e in entries.flatten() {
+                    let Ok(meta) = e.metadata() else { continue };
+                    if meta.is_dir() {
+                        stack.push(e.path());
+                    } else {
+                        let modified_ms =
+                            meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64);
+                        out.push(Listed { path: format!("{scheme}{}", e.path().display()), modified_ms });
+                    }
+                }
+            }
+            return Ok(out);
+        }
+        let (op, key) = self.op(&dir).await?;
+        let base = &dir[..dir.len() - key.len()];
+        count(&counters::OTHER, 1);
+        let entries = op.list_with(key).recursive(true).await.map_err(|e| from_opendal(&dir, e))?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.metadata().mode().is_file())
+            .map(|e| Listed {
+                path: format!("{base}{}", e.path()),
+                modified_ms: e.metadata().last_modified().map_or(0, |t| t.into_inner().as_millisecond()),
+            })
+            .collect())
+    }
+
     /// The operator for `path`'s bucket and the key inside it, built with the credentials of this moment.
     async fn op<'p>(&self, path: &'p str) -> iceberg::Result<(Operator, &'p str)> {
         let scheme = Scheme::of(path)?;

@@ -1450,6 +1450,65 @@ async fn small_manifests_are_merged_as_commits_go() {
     assert!(existing > 40, "{existing} existing entries");
 }
 
+/// `cdc maintain` on a target synced without in-commit maintenance (`merge_manifests = false`,
+/// `expire_snapshots = false`): it rewrites the many small manifests into few (a `replace` snapshot), expires
+/// snapshots beyond the retention, deletes an unreferenced file older than `orphan_grace` and keeps a young one (a
+/// commit in flight); the target still equals the source and a later sync continues from its progress. Without a
+/// target table it exits with NOT_FOUND.
+#[tokio::test(flavor = "multi_thread")]
+async fn maintain_rewrites_manifests_expires_and_removes_old_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..12i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(4000 + i, "more", i as i128), (1 + i % 3, "again", i as i128)], &[4000 + i - 2])
+            .await
+            .unwrap();
+    }
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    let tw = dir.path().join("target");
+    let extra = "snapshots_per_commit = 1\nmerge_manifests = false\nexpire_snapshots = false\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\norphan_grace = \"1h\"";
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, extra));
+    let cfg_s = cfg.to_str().unwrap();
+    let missing = cdc(&["maintain", "--config", cfg_s]);
+    assert_eq!(code(&missing), exit::NOT_FOUND, "{}", String::from_utf8_lossy(&missing.stderr));
+    ok(cdc(&["sync", "--config", cfg_s, "--to-snapshot", &first]));
+    ok(cdc(&["sync", "--config", cfg_s]));
+    let data = tw.join("replica").join("orders").join("data");
+    let old = data.join("00000-orphan-old.parquet");
+    let young = data.join("00000-orphan-young.parquet");
+    for f in [&old, &young] {
+        std::fs::write(f, b"not referenced").unwrap();
+    }
+    let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+    std::fs::File::options().write(true).open(&old).unwrap().set_modified(day_ago).unwrap();
+
+    let out = ok(cdc(&["maintain", "--config", cfg_s, "--json"]));
+    let m: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(m["manifests_before"].as_u64().unwrap() >= 20, "{m}");
+    assert!(m["manifests_after"].as_u64().unwrap() <= 3, "{m}");
+    assert!(m["snapshots_expired"].as_u64().unwrap() >= 10, "{m}");
+    assert_eq!(m["orphans_deleted"], 1, "{m}");
+    assert_eq!(m["orphans_too_young"], 1, "{m}");
+    assert!(!old.exists() && young.exists());
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    assert_eq!(target.metadata().current_snapshot().unwrap().summary().operation, iceberg::spec::Operation::Replace);
+    assert!(target.metadata().snapshots().len() <= 3, "{}", target.metadata().snapshots().len());
+
+    // replication goes on from the progress the maintained target still records
+    for i in 0..2i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(5000 + i, "after", i as i128)], &[4000 + i]).await.unwrap();
+    }
+    let out = ok(cdc(&["sync", "--config", cfg_s, "--json"]));
+    assert!(out.contains("\"source_snapshots_applied\": 2"), "{out}");
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+    // a second pass finds nothing to merge and nothing old to delete
+    let again: serde_json::Value = serde_json::from_str(&ok(cdc(&["maintain", "--config", cfg_s, "--json"]))).unwrap();
+    assert_eq!(again["orphans_deleted"], 0, "{again}");
+}
+
 /// Files under `dir` (recursively), as paths.
 fn files_under(dir: &Path) -> std::collections::BTreeSet<String> {
     walk(dir).into_iter().map(|p| p.display().to_string()).collect()

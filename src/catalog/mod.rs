@@ -41,6 +41,8 @@ pub enum Catalog {
         pool: sqlx::SqlitePool,
         /// Its name (the `catalog_name` column).
         name: String,
+        /// How its tables' storage is reached (credentials for `gs://` warehouses).
+        storage: CdcStorageFactory,
     },
     /// An Iceberg REST catalog (BigLake, Polaris, the reference server, …).
     Rest(Arc<rest::RestClient>),
@@ -81,8 +83,9 @@ impl Catalog {
                 let uri = if uri.contains('?') || uri.contains(":memory:") { uri } else { format!("{uri}?mode=rwc") };
                 props.insert("uri".into(), uri.clone());
                 props.insert("warehouse".into(), wh.clone());
+                let storage = storage_factory(cfg);
                 let inner = SqlCatalogBuilder::default()
-                    .with_storage_factory(Arc::new(storage_factory(cfg)))
+                    .with_storage_factory(Arc::new(storage.clone()))
                     .load(name.clone(), props)
                     .await
                     .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false).with_cause(e))?;
@@ -94,7 +97,7 @@ impl Catalog {
                 // WAL: other processes reading the catalog (Spark's JdbcCatalog keeps read transactions open) must
                 // not block our compare-and-set commits. The mode is stored in the database file.
                 let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
-                Ok(Catalog::Sql { inner, pool, name })
+                Ok(Catalog::Sql { inner, pool, name, storage })
             }
             CatalogType::Rest | CatalogType::Biglake => {
                 let props = cfg.rest_props();
@@ -107,6 +110,17 @@ impl Catalog {
         let (ns, t) = split_table_name(name);
         TableIdent::from_strs(ns.iter().map(String::as_str).chain(std::iter::once(t.as_str())))
             .map_err(|e| Error::Config(vec![format!("table name `{name}`: {e}")]))
+    }
+
+    /// Every file under `prefix` in `table`'s storage (recursively, with its modification time), reached with the
+    /// credentials this catalog gives the table.
+    pub(crate) async fn list_files(&self, table: &Table, prefix: &str) -> Result<Vec<storage::Listed>> {
+        let factory = match self {
+            Catalog::Hadoop(_) => CdcStorageFactory::default(),
+            Catalog::Sql { storage, .. } => storage.clone(),
+            Catalog::Rest(c) => c.storage_factory(table.identifier()).await?,
+        };
+        factory.storage_for(table.file_io()).list(prefix).await.map_err(Error::from)
     }
 
     /// Loads table `name` (`namespace.table`); [`Error::TableNotFound`] when it does not exist.

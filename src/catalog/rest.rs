@@ -255,20 +255,32 @@ impl RestClient {
         }
     }
 
+    /// The credentials the storage of table `ident` at `location` needs, from its load response: vended ones
+    /// (renewed by loading the table again), else the catalog's Google token for `gs://`.
+    fn credentials(self: &Arc<Self>, ident: &TableIdent, location: &str, resp: &LoadTableResponse) -> Option<Arc<dyn StorageCredentials>> {
+        let vended = vended_props(location, resp);
+        if !vended.is_empty() {
+            return Some(Arc::new(VendedCredentials::new(self.clone(), ident.clone(), vended)));
+        }
+        match &self.auth {
+            Some(a) if a.is_google() && location.starts_with("gs://") => Some(Arc::new(GoogleStorageToken(a.clone()))),
+            _ => None,
+        }
+    }
+
+    /// A storage factory with the credentials of table `ident` (for listing its files).
+    pub(crate) async fn storage_factory(self: &Arc<Self>, ident: &TableIdent) -> Result<CdcStorageFactory> {
+        let (resp, _) = self.load_response(ident).await?;
+        let location = resp.metadata.location().to_string();
+        Ok(CdcStorageFactory::with_credentials(self.credentials(ident, &location, &resp)))
+    }
+
     /// Loads a table, with a FileIO for its location (vended or configured credentials).
     pub async fn load_table(self: &Arc<Self>, ident: &TableIdent) -> Result<Table> {
         let (resp, url) = self.load_response(ident).await?;
         let location = resp.metadata.location().to_string();
         let meta_loc = resp.metadata_location.clone();
-        let vended = vended_props(&location, &resp);
-        let credentials: Option<Arc<dyn StorageCredentials>> = if !vended.is_empty() {
-            Some(Arc::new(VendedCredentials::new(self.clone(), ident.clone(), vended)))
-        } else {
-            match &self.auth {
-                Some(a) if a.is_google() && location.starts_with("gs://") => Some(Arc::new(GoogleStorageToken(a.clone()))),
-                _ => None,
-            }
-        };
+        let credentials = self.credentials(ident, &location, &resp);
         let mut props = self.storage_props.clone();
         props.extend(resp.config.iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).map(|(k, v)| (k.clone(), v.clone())));
         let io: FileIO = storage::file_io(CdcStorageFactory::with_credentials(credentials), &props);

@@ -325,7 +325,7 @@ impl IcebergSink {
 pub(crate) async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table, stats: &mut MaintenanceStats) -> Table {
     let retention = expire::Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots };
     let started = Instant::now();
-    let expired = expire::expire(catalog, &table, &retention).await;
+    let expired = expire::expire(catalog, &table, &retention, false).await;
     stats.expire_seconds += started.elapsed().as_secs_f64();
     match expired {
         Ok(Some((after, e))) => {

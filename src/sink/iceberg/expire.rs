@@ -99,18 +99,20 @@ pub(crate) fn due(expirable: usize, total: usize) -> bool {
     expirable > 0 && 4 * expirable >= total.saturating_sub(expirable)
 }
 
-/// Expires what `retention` allows on `table` when due; returns the table after the expiry and what it removed, or
-/// `None` when nothing was due or another writer committed first (the next round retries).
-pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retention) -> Result<Option<(Table, Expired)>> {
+/// Expires what `retention` allows on `table` when due (`force`: whenever anything is expirable); returns the table
+/// after the expiry and what it removed, or `None` when nothing was due or another writer committed first (the next
+/// round retries).
+pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retention, force: bool) -> Result<Option<(Table, Expired)>> {
     let meta = table.metadata();
     let now = chrono::Utc::now().timestamp_millis();
+    let worth = |n: usize| if force { n > 0 } else { due(n, meta.snapshots().len()) };
     // after every commit, so first the cheap bound: with main as the only ref, other refs can only keep more
     let main_only: Vec<Ref> = main_ref(meta).into_iter().collect();
-    if !due(plan(meta, &main_only, now, retention).len(), meta.snapshots().len()) {
+    if !worth(plan(meta, &main_only, now, retention).len()) {
         return Ok(None);
     }
     let ids = plan(meta, &refs(meta), now, retention);
-    if !due(ids.len(), meta.snapshots().len()) {
+    if !worth(ids.len()) {
         return Ok(None);
     }
     let requirements = vec![

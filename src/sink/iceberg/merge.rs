@@ -87,8 +87,8 @@ pub(crate) fn bins(lengths: &[u64], adding: usize, policy: &MergePolicy) -> Vec<
     out
 }
 
-/// Merges `manifests` (the parent's, newest first) for a commit adding `adding` manifests per (deletes?, spec) and
-/// snapshot `snapshot_id`, writing merged manifests under `<location>/metadata/<prefix>-merged-<n>.avro`. Returns the
+/// Merges `manifests` (the parent's, newest first) by `policy` for a commit adding `adding` manifests per (deletes?,
+/// spec) and snapshot `snapshot_id`, writing merged manifests under `<location>/metadata/<prefix>-merged-<n>.avro`. Returns the
 /// manifests the new snapshot keeps (merged ones in place of their bins), the paths written, and what it did.
 pub(crate) async fn merge(
     table: &Table,
@@ -97,9 +97,9 @@ pub(crate) async fn merge(
     manifests: Vec<ManifestFile>,
     adding: &BTreeMap<(bool, i32), usize>,
     prefix: &str,
+    policy: MergePolicy,
 ) -> (Vec<ManifestFile>, Vec<String>, MergeStats) {
     let meta = table.metadata();
-    let policy = MergePolicy::of(meta);
     let mut stats = MergeStats::default();
     let mut written = Vec::new();
     if !policy.enabled {

@@ -37,6 +37,8 @@ pub struct RowDelta {
     table_properties: HashMap<String, String>,
     /// Merge the parent's small manifests by the table's policy (see `merge`).
     merge_manifests: bool,
+    /// A manifest rewrite: no files, every small manifest merged, a `replace` snapshot.
+    rewrite: bool,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -92,6 +94,14 @@ impl RowDelta {
         self.merge_manifests = merge;
         self
     }
+    /// Makes this commit a manifest rewrite (Spark's `rewrite_manifests`): it adds no files, merges every group's
+    /// small manifests whatever their count, and is a `replace` snapshot. When nothing is worth merging, the
+    /// prepared commit's `merged` is `(0, 0)` and it should not be committed.
+    pub fn rewrite_manifests(mut self) -> Self {
+        self.merge_manifests = true;
+        self.rewrite = true;
+        self
+    }
     /// Table properties set in the same commit.
     pub fn set_table_properties(mut self, props: HashMap<String, String>) -> Self {
         self.table_properties.extend(props);
@@ -107,6 +117,9 @@ impl RowDelta {
         }
         if self.deletes.iter().any(|(_, f)| f.content_type() == DataContentType::Data) {
             return Err(Error::Internal("add_delete_files got a data file".into()));
+        }
+        if self.rewrite && (!self.data.is_empty() || !self.deletes.is_empty()) {
+            return Err(Error::Internal("a manifest rewrite adds no files".into()));
         }
         let version = meta.format_version();
         if version == FormatVersion::V1 && !self.deletes.is_empty() {
@@ -148,7 +161,11 @@ impl RowDelta {
         let mut merged = MergeStats::default();
         if self.merge_manifests {
             let adding = groups.keys().map(|(content, spec)| ((*content == 1, *spec), 1)).collect();
-            let (kept, written, stats) = merge::merge(table, &schema, snapshot_id, manifests, &adding, &commit_uuid.to_string()).await;
+            let mut policy = merge::MergePolicy::of(meta);
+            if self.rewrite {
+                (policy.enabled, policy.min_count) = (true, 2);
+            }
+            let (kept, written, stats) = merge::merge(table, &schema, snapshot_id, manifests, &adding, &commit_uuid.to_string(), policy).await;
             manifests = kept;
             metadata_files.extend(written);
             merged = stats;
@@ -202,7 +219,11 @@ impl RowDelta {
             props.insert("manifests-replaced".into(), merged.replaced.to_string());
         }
         props.extend(self.properties);
-        let operation = if self.deletes.is_empty() { Operation::Append } else { Operation::Overwrite };
+        let operation = match (self.rewrite, self.deletes.is_empty()) {
+            (true, _) => Operation::Replace,
+            (false, true) => Operation::Append,
+            (false, false) => Operation::Overwrite,
+        };
         let builder = Snapshot::builder()
             .with_manifest_list(list_path)
             .with_snapshot_id(snapshot_id)
