@@ -1,0 +1,215 @@
+//! Long-run bench: what a target looks like after thousands of streaming commits, with and without maintenance.
+//!
+//! A source (the quickstart's sqlite table) commits an insert, an update and — every third commit — a delete; the
+//! applier follows it commit by commit (`sink::open` + `pipeline::run_sync` with `snapshots_per_commit = 1`: what
+//! the service does at a short `commit_interval`) into a filesystem target. Two runs in the same sitting:
+//! - **on**: the defaults (manifest merging, expiry after commits) with `snapshot_retention = "5s"`,
+//!   `retain_snapshots = 10` — a retention window that fills within the run;
+//! - **off**: `merge_manifests = false`, `expire_snapshots = false` (metadata files stay bounded in both: targets
+//!   the applier creates delete old ones after each commit).
+//!
+//! Every `--every` commits it records: the metadata directory's bytes, the current metadata file's bytes, the
+//! current snapshot's manifests, the live delete files, and the time an iceberg-rust scan takes to read the whole
+//! target; per commit, the sync's wall time (load, scan, write, commit, maintenance). Prints Markdown, writes
+//! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
+//!
+//! `cargo bench --bench maintenance [-- --commits 2000 --every 100]`.
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use iceberg_cdc::catalog::Catalog;
+use iceberg_cdc::config::Config;
+use iceberg_cdc::quickstart;
+
+const CDC: &str = env!("CARGO_BIN_EXE_cdc");
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// One sample of the target's shape.
+#[derive(Clone, Debug)]
+struct Sample {
+    commit: usize,
+    metadata_dir_bytes: u64,
+    metadata_file_bytes: u64,
+    manifests: usize,
+    delete_files: u64,
+    read_seconds: f64,
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map(|es| es.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()).unwrap_or(0)
+}
+
+async fn sample(target: &Catalog, table_dir: &Path, commit: usize) -> Sample {
+    let t = target.load_table("replica.orders").await.unwrap();
+    let meta = t.metadata();
+    let head = meta.current_snapshot().unwrap();
+    let manifests = t.manifest_list_reader(head).load().await.unwrap().entries().len();
+    let delete_files = head.summary().additional_properties.get("total-delete-files").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let current = t.metadata_location().map(|l| std::fs::metadata(l.trim_start_matches("file:")).map(|m| m.len()).unwrap_or(0)).unwrap_or(0);
+    let started = Instant::now();
+    let rows: usize = quickstart::scan_snapshot(&t, head.snapshot_id(), None).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    assert!(rows > 0);
+    Sample {
+        commit,
+        metadata_dir_bytes: dir_bytes(&table_dir.join("metadata")),
+        metadata_file_bytes: current,
+        manifests,
+        delete_files,
+        read_seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Runs `commits` source commits, each followed by a sync; returns the samples and each sync's seconds.
+async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) -> (Vec<Sample>, Vec<f64>) {
+    let qs = dir.join(format!("qs-{name}"));
+    let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let wh = qs.join("warehouse");
+    let tw = dir.join(format!("target-{name}"));
+    let text = format!(
+        "[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n[target]\ntable = \"replica.orders\"\n\
+         snapshots_per_commit = 1\n{extra}\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        quickstart::TABLE,
+        wh.display(),
+        tw.display()
+    );
+    let cfg = Config::parse(&text).unwrap();
+    let source = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+    let target = Catalog::connect(&cfg.target.as_ref().unwrap().catalog, "target").await.unwrap();
+    let mut table = source.load_table(quickstart::TABLE).await.unwrap();
+    let mut sinks = iceberg_cdc::sink::open(&cfg, "bench").await.unwrap();
+    iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
+    let table_dir = tw.join("replica").join("orders");
+    let (mut samples, mut seconds) = (Vec::new(), Vec::new());
+    for n in 1..=commits {
+        let i = n as i64;
+        let deletes: Vec<i64> = if n % 3 == 0 { vec![100_000 + i - 2] } else { vec![] };
+        table =
+            quickstart::commit_changes(&source, &table, &[(100_000 + i, "bench", i as i128), (1 + i % 8, "upd", i as i128)], &deletes).await.unwrap();
+        let started = Instant::now();
+        iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
+        seconds.push(started.elapsed().as_secs_f64());
+        if n % every == 0 || n == 1 {
+            samples.push(sample(&target, &table_dir, n).await);
+        }
+    }
+    (samples, seconds)
+}
+
+/// One line of a chart: name, colour, points.
+type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
+
+/// A line chart of `series` as SVG.
+fn chart(title: &str, unit: &str, series: &[Series], x: (f64, f64), y: (f64, f64), at: (f64, f64)) -> String {
+    let (w, h) = (420.0, 240.0);
+    let (ox, oy) = at;
+    let px = |v: f64| ox + 50.0 + (v - x.0) / (x.1 - x.0).max(1e-9) * (w - 70.0);
+    let py = |v: f64| oy + h - 30.0 - (v - y.0) / (y.1 - y.0).max(1e-9) * (h - 60.0);
+    let mut s = String::new();
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="13" font-weight="bold">{title}</text>"#, ox + 50.0, oy + 16.0);
+    let _ = write!(s, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, px(x.0), py(y.0), px(x.1), py(y.0));
+    let _ = write!(s, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, px(x.0), py(y.0), px(x.0), py(y.1));
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="10" text-anchor="end">{:.0}</text>"#, px(x.0) - 4.0, py(y.1) + 4.0, y.1);
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="10" text-anchor="end">0</text>"#, px(x.0) - 4.0, py(y.0));
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="10" text-anchor="end">{:.0} commits</text>"#, px(x.1), py(y.0) + 14.0, x.1);
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="10">{unit}</text>"#, px(x.0) + 4.0, py(y.1) + 4.0);
+    for (k, (name, colour, pts)) in series.iter().enumerate() {
+        let path: Vec<String> = pts.iter().map(|(a, b)| format!("{:.1},{:.1}", px(*a), py(*b))).collect();
+        let _ = write!(s, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, path.join(" "));
+        let _ = write!(s, r#"<text x="{}" y="{}" font-size="11" fill="{colour}">{name}</text>"#, ox + 70.0 + 110.0 * k as f64, oy + 34.0);
+    }
+    s
+}
+
+#[tokio::main]
+async fn main() {
+    let commits = arg("--commits", 2000) as usize;
+    let every = arg("--every", 100) as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let on_extra = "snapshot_retention = \"5s\"\nretain_snapshots = 10";
+    let off_extra = "merge_manifests = false\nexpire_snapshots = false";
+    let (on, on_secs) = run(dir.path(), "on", on_extra, commits, every).await;
+    let (off, off_secs) = run(dir.path(), "off", off_extra, commits, every).await;
+
+    println!("### {commits} streaming commits into a filesystem target, maintenance on vs off\n");
+    println!("| | on: first 100 | on: last 100 | off: first 100 | off: last 100 |");
+    println!("|---|---:|---:|---:|---:|");
+    let window = |v: &[f64], last: bool| if last { v[v.len().saturating_sub(100)..].to_vec() } else { v[..v.len().min(100)].to_vec() };
+    for (label, p) in [("sync per commit P50 (s)", 0.5), ("sync per commit P99 (s)", 0.99)] {
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            pct(&window(&on_secs, false), p),
+            pct(&window(&on_secs, true), p),
+            pct(&window(&off_secs, false), p),
+            pct(&window(&off_secs, true), p)
+        );
+    }
+    let last = |s: &[Sample]| s.last().unwrap().clone();
+    let (a, b) = (last(&on), last(&off));
+    println!("\n| after {commits} commits | on | off |\n|---|---:|---:|");
+    println!("| metadata directory | {:.1} MB | {:.1} MB |", a.metadata_dir_bytes as f64 / 1e6, b.metadata_dir_bytes as f64 / 1e6);
+    println!("| current metadata file | {:.1} KB | {:.1} KB |", a.metadata_file_bytes as f64 / 1e3, b.metadata_file_bytes as f64 / 1e3);
+    println!("| manifests of the current snapshot | {} | {} |", a.manifests, b.manifests);
+    println!("| live delete files | {} | {} |", a.delete_files, b.delete_files);
+    println!("| iceberg-rust scan of the whole target | {:.2} s | {:.2} s |", a.read_seconds, b.read_seconds);
+
+    let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let mut csv = String::from("mode,commit,metadata_dir_bytes,metadata_file_bytes,manifests,delete_files,read_seconds\n");
+    for (mode, s) in [("on", &on), ("off", &off)] {
+        for x in s.iter() {
+            let _ = writeln!(
+                csv,
+                "{mode},{},{},{},{},{},{:.4}",
+                x.commit, x.metadata_dir_bytes, x.metadata_file_bytes, x.manifests, x.delete_files, x.read_seconds
+            );
+        }
+    }
+    std::fs::write(results.join("maintenance.csv"), csv).unwrap();
+    let pts = |s: &[Sample], f: &dyn Fn(&Sample) -> f64| s.iter().map(|x| (x.commit as f64, f(x))).collect::<Vec<_>>();
+    let ymax = |f: &dyn Fn(&Sample) -> f64| on.iter().chain(off.iter()).map(f).fold(1.0, f64::max);
+    let xr = (0.0, commits as f64);
+    let manifests = |x: &Sample| x.manifests as f64;
+    let meta_kb = |x: &Sample| x.metadata_dir_bytes as f64 / 1e3;
+    let read_ms = |x: &Sample| x.read_seconds * 1e3;
+    let mut svg = String::from(r#"<svg xmlns="http://www.w3.org/2000/svg" width="1290" height="250" font-family="sans-serif">"#);
+    svg += &chart(
+        "Manifests in the current snapshot",
+        "",
+        &[("on", "#1b7f3b", pts(&on, &manifests)), ("off", "#b22", pts(&off, &manifests))],
+        xr,
+        (0.0, ymax(&manifests)),
+        (0.0, 0.0),
+    );
+    svg += &chart(
+        "Metadata directory (KB)",
+        "",
+        &[("on", "#1b7f3b", pts(&on, &meta_kb)), ("off", "#b22", pts(&off, &meta_kb))],
+        xr,
+        (0.0, ymax(&meta_kb)),
+        (430.0, 0.0),
+    );
+    svg += &chart(
+        "Full read of the target (ms)",
+        "",
+        &[("on", "#1b7f3b", pts(&on, &read_ms)), ("off", "#b22", pts(&off, &read_ms))],
+        xr,
+        (0.0, ymax(&read_ms)),
+        (860.0, 0.0),
+    );
+    svg += "</svg>\n";
+    std::fs::write(results.join("maintenance.svg"), svg).unwrap();
+    eprintln!("wrote {}", results.display());
+}
