@@ -135,6 +135,24 @@ pub async fn run_changes(
     Ok(summary)
 }
 
+/// The live rows of `table`'s current snapshot (deletes of every kind applied), counted by the engine's own reader
+/// with `cfg`'s engine settings: what a full read of the table costs, for benches.
+pub async fn count_live_rows(cfg: &Config, table: &Table) -> Result<u64> {
+    struct Count(u64);
+    impl crate::change::ChangeConsumer for Count {
+        async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+            self.0 += batch.num_rows() as u64;
+            Ok(())
+        }
+    }
+    let Some(head) = table.metadata().current_snapshot() else { return Ok(0) };
+    let schema = lineage::snapshot_schema(table.metadata(), Some(head));
+    let scan = ChangelogScan::new(table, &schema, Vec::new(), scan_options(cfg))?;
+    let mut count = Count(0);
+    scan.scan_contents(head, &mut count).await?;
+    Ok(count.0)
+}
+
 /// What one `cdc sync` run did.
 #[derive(Debug, Default, Serialize)]
 pub struct SyncSummary {
