@@ -210,6 +210,21 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// properties), so that a snapshot's manifests follow the data, not the number of commits.
     #[serde(default = "default_true")]
     pub merge_manifests: bool,
+    /// Compact the target after commits when due (see `compact_delete_files`, `compact_small_files`): small data
+    /// files and those that deletes apply to are rewritten with the deletes applied, and the delete files no longer
+    /// needed are removed, in a `replace` commit.
+    #[serde(default = "default_true")]
+    pub compact: bool,
+    /// A partition (the table, when unpartitioned) is compacted once this many delete files apply to its data files.
+    #[serde(default = "default_compact_files")]
+    pub compact_delete_files: usize,
+    /// ... or once it holds this many data files smaller than three quarters of `target_file_size`.
+    #[serde(default = "default_compact_files")]
+    pub compact_small_files: usize,
+    /// Data bytes one compaction after a commit rewrites at most (it delays the next commit by its duration); `cdc
+    /// maintain` has no such bound.
+    #[serde(default = "default_compact_max_bytes", deserialize_with = "de_bytes")]
+    pub compact_max_bytes: u64,
     /// `cdc maintain` deletes unreferenced files only when older than this: another writer's commit may be in
     /// flight with its files written and its metadata not yet.
     #[serde(default = "default_orphan_grace", with = "humantime_serde")]
@@ -236,6 +251,10 @@ impl<C> TargetConfig<C> {
             snapshot_retention: self.snapshot_retention,
             retain_snapshots: self.retain_snapshots,
             merge_manifests: self.merge_manifests,
+            compact: self.compact,
+            compact_delete_files: self.compact_delete_files,
+            compact_small_files: self.compact_small_files,
+            compact_max_bytes: self.compact_max_bytes,
             orphan_grace: self.orphan_grace,
             catalog,
         }
@@ -247,6 +266,12 @@ fn default_snapshot_retention() -> std::time::Duration {
 }
 fn default_orphan_grace() -> std::time::Duration {
     std::time::Duration::from_secs(3 * 24 * 3600)
+}
+fn default_compact_files() -> usize {
+    16
+}
+fn default_compact_max_bytes() -> u64 {
+    256 << 20
 }
 fn default_retain_snapshots() -> usize {
     10
@@ -549,6 +574,12 @@ impl Config {
             if t.retain_snapshots == 0 {
                 p.push("target.retain_snapshots: must be at least 1 (the head always stays)".into());
             }
+            if t.compact_delete_files == 0 || t.compact_small_files < 2 {
+                p.push("target.compact_delete_files must be at least 1 and target.compact_small_files at least 2".into());
+            }
+            if t.compact_max_bytes == 0 {
+                p.push("target.compact_max_bytes: must be more than 0 (set `compact = false` to turn compaction off)".into());
+            }
             if t.catalog.kind == self.source.catalog.kind
                 && t.catalog.warehouse == self.source.catalog.warehouse
                 && t.catalog.props == self.source.catalog.props
@@ -704,6 +735,10 @@ mod tests {
             "snapshot_retention",
             "retain_snapshots",
             "merge_manifests",
+            "compact",
+            "compact_delete_files",
+            "compact_small_files",
+            "compact_max_bytes",
             "orphan_grace",
             "catalog",
         ];

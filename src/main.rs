@@ -69,8 +69,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Maintain the target table once: rewrite small manifests, expire snapshots beyond the retention, delete
-    /// orphan files older than `orphan_grace` (for `cdc sync` run from cron; the service does the first two itself).
+    /// Maintain the target table once: compact data and delete files, rewrite small manifests, expire snapshots
+    /// beyond the retention, delete orphan files older than `orphan_grace` (for `cdc sync` run from cron; the
+    /// service does all but the last itself).
     Maintain {
         #[arg(long)]
         config: PathBuf,
@@ -260,13 +261,14 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 return Err(Error::Config(vec!["[target]: `cdc maintain` maintains the Iceberg target; this file has none".into()]).into());
             };
             let catalog = iceberg_cdc::catalog::Catalog::connect(&t.catalog, "target").await?;
-            let (m, failed) = iceberg_cdc::sink::iceberg::maintain::maintain(&catalog, t).await?;
+            let (m, failed) = iceberg_cdc::sink::iceberg::maintain::maintain(&catalog, t, cfg.engine.memory_budget).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&m)?);
             } else {
                 eprintln!(
-                    "cdc: {}: manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
-                    m.table, m.manifests_before, m.manifests_after, m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
+                    "cdc: {}: compacted {} data file(s) into {} and removed {} delete file(s), manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
+                    m.table, m.data_files_rewritten, m.data_files_written, m.delete_files_removed, m.manifests_before, m.manifests_after,
+                    m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
                 );
             }
             if let Some(e) = failed {

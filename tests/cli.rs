@@ -1419,7 +1419,8 @@ async fn small_manifests_are_merged_as_commits_go() {
     }
     let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
     let tw = dir.path().join("target");
-    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1"));
+    // compaction would rewrite the files this test follows (see the compaction test below)
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1\ncompact = false"));
     ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &first]));
     ok(cdc(&["sync", "--config", cfg.to_str().unwrap()]));
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
@@ -1448,6 +1449,53 @@ async fn small_manifests_are_merged_as_commits_go() {
         }
     }
     assert!(existing > 40, "{existing} existing entries");
+}
+
+/// Compaction after commits: 58 target commits, each adding a small data file and an equality-delete file,
+/// are compacted whenever 4 delete files have piled up (`compact_delete_files = 4`): `replace` snapshots rewrite the
+/// data files the deletes apply to and drop the delete files, so the head holds few delete files; the summary
+/// counts the compactions; the target equals the source after the run and after a later sync; a compaction never
+/// records progress (the next sync resumes where the applier left off).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_target_is_compacted_as_commits_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let mut t = table.clone();
+    for i in 0..55i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(3000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[3000 + i - 3])
+            .await
+            .unwrap();
+    }
+    let tw = dir.path().join("target");
+    let cfg =
+        config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1\ncompact_delete_files = 4\ncompact_small_files = 6"));
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    ok(cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", &first]));
+    let out = ok(cdc(&["sync", "--json", "--config", cfg.to_str().unwrap()]));
+    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(summary["compactions"].as_u64().unwrap() >= 5, "{summary}");
+    assert!(summary["files_rewritten"].as_u64().unwrap() >= 20, "{summary}");
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    let head = target.metadata().current_snapshot().unwrap();
+    let total = |k: &str| head.summary().additional_properties[k].parse::<u64>().unwrap();
+    assert!(total("total-delete-files") < 8, "{:?}", head.summary());
+    assert!(total("total-data-files") < 12, "{:?}", head.summary());
+    let replaces = iceberg_cdc::spec::lineage::main_lineage(target.metadata())
+        .iter()
+        .filter(|s| s.summary().operation == iceberg::spec::Operation::Replace)
+        .inspect(|s| assert!(!s.summary().additional_properties.contains_key("cdc.source-snapshot-id"), "a compaction records no progress"))
+        .count();
+    assert!(replaces >= 1, "no replace snapshot left on the branch");
+
+    // the next source commits apply on top of the compacted files
+    for i in 0..3i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(5000 + i, "late", i as i128), (3000 + i, "moved", i as i128)], &[3010 + i]).await.unwrap();
+    }
+    ok(cdc(&["sync", "--config", cfg.to_str().unwrap()]));
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
 }
 
 /// `cdc maintain` on a target synced without in-commit maintenance (`merge_manifests = false`,

@@ -204,6 +204,10 @@ pub struct SyncSummary {
     pub files_deleted: u64,
     /// Small target manifests the run's commits merged into fewer.
     pub manifests_merged: u64,
+    /// Compactions of the target after the run's commits.
+    pub compactions: u64,
+    /// Data and delete files those compactions removed.
+    pub files_rewritten: u64,
     /// Wall-clock time of the run.
     pub seconds: f64,
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
@@ -549,6 +553,8 @@ fn record(
     summary.snapshots_expired += stats.maintenance.snapshots_expired;
     summary.files_deleted += stats.maintenance.files_deleted;
     summary.manifests_merged += stats.maintenance.manifests_merged;
+    summary.compactions += stats.maintenance.compactions;
+    summary.files_rewritten += stats.maintenance.files_rewritten;
     summary.target_snapshot_ids.extend(id);
     on_commit(&CommitReport {
         first_source_snapshot: snaps.first().map(|s| s.snapshot_id()).unwrap_or_default(),

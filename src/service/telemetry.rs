@@ -26,7 +26,7 @@ pub struct RunLabels {
     pub sink: String,
 }
 
-/// A maintenance task of a pipeline's sink: `expire` (snapshot expiry) or `merge_manifests`.
+/// A maintenance task of a pipeline's sink: `expire` (snapshot expiry), `merge_manifests` or `compact`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     pipeline: String,
@@ -142,6 +142,8 @@ pub struct Telemetry {
     snapshots_expired: Family<RunLabels, Counter>,
     files_deleted: Family<RunLabels, Counter>,
     manifests_merged: Family<RunLabels, Counter>,
+    files_rewritten: Family<RunLabels, Counter>,
+    bytes_rewritten: Family<RunLabels, Counter>,
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
 }
 
@@ -176,6 +178,8 @@ impl Telemetry {
             snapshots_expired: Family::default(),
             files_deleted: Family::default(),
             manifests_merged: Family::default(),
+            files_rewritten: Family::default(),
+            bytes_rewritten: Family::default(),
             status: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -222,7 +226,7 @@ impl Telemetry {
         registry.register("cdc_pipelines_running", "Pipeline sinks whose loop is running", t.running.clone());
         registry.register(
             "cdc_maintenance_runs",
-            "Maintenance runs that changed the target, by task (expire, merge_manifests)",
+            "Maintenance runs that changed the target, by task (expire, merge_manifests, compact)",
             t.maintenance_runs.clone(),
         );
         registry.register_with_unit("cdc_maintenance", "Time spent in target maintenance, by task", Unit::Seconds, t.maintenance_seconds.clone());
@@ -234,6 +238,12 @@ impl Telemetry {
             t.files_deleted.clone(),
         );
         registry.register("cdc_maintenance_manifests_merged", "Small target manifests merged into fewer in commits", t.manifests_merged.clone());
+        registry.register(
+            "cdc_maintenance_files_rewritten",
+            "Files compaction removed from the target: data files rewritten, delete files no longer needed",
+            t.files_rewritten.clone(),
+        );
+        registry.register_with_unit("cdc_maintenance_rewritten", "Bytes of the files compaction removed", Unit::Bytes, t.bytes_rewritten.clone());
         Arc::new(Telemetry { registry, ..t })
     }
 
@@ -366,7 +376,7 @@ impl Telemetry {
         self.with_status(l, |s| s.heartbeat = Instant::now());
     }
 
-    /// Event: a commit's maintenance of the target (expiry, manifest merging) — counted, and logged by the sink.
+    /// Event: a commit's maintenance of the target (expiry, manifest merging, compaction) — counted, and logged by the sink.
     fn maintained(&self, l: &RunLabels, m: &MaintenanceStats) {
         let task = |t: &str| TaskLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), task: t.into() };
         if m.snapshots_expired > 0 {
@@ -381,6 +391,15 @@ impl Telemetry {
         }
         if m.failures > 0 {
             self.maintenance_failures.get_or_create(&task("expire")).inc_by(m.failures);
+        }
+        self.maintenance_seconds.get_or_create(&task("compact")).inc_by(m.compact_seconds);
+        if m.compactions > 0 {
+            self.maintenance_runs.get_or_create(&task("compact")).inc_by(m.compactions);
+            self.files_rewritten.get_or_create(l).inc_by(m.files_rewritten);
+            self.bytes_rewritten.get_or_create(l).inc_by(m.bytes_rewritten);
+        }
+        if m.compact_failures > 0 {
+            self.maintenance_failures.get_or_create(&task("compact")).inc_by(m.compact_failures);
         }
     }
 

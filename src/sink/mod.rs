@@ -104,7 +104,7 @@ pub struct CommitStats {
     pub maintenance: MaintenanceStats,
 }
 
-/// Maintenance a sink did to its destination with a commit — snapshot expiry, manifest merging — for metrics and
+/// Maintenance a sink did to its destination with a commit — snapshot expiry, manifest merging, compaction — for metrics and
 /// summaries.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct MaintenanceStats {
@@ -119,6 +119,16 @@ pub struct MaintenanceStats {
     pub manifests_merged: u64,
     /// Manifests the merging wrote.
     pub manifests_written: u64,
+    /// Compactions committed.
+    pub compactions: u64,
+    /// Data and delete files those compactions removed (rewritten data files, delete files no longer needed).
+    pub files_rewritten: u64,
+    /// Bytes of those files.
+    pub bytes_rewritten: u64,
+    /// Time spent compacting (planning, reading, writing, committing).
+    pub compact_seconds: f64,
+    /// Compactions that failed (replication went on; compaction is tried again when due again).
+    pub compact_failures: u64,
     /// Maintenance steps that failed (replication went on; they are retried after a later commit).
     pub failures: u64,
 }

@@ -56,7 +56,9 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
         Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e)
     })?;
     let file_io = table.file_io().clone();
-    let manifests: Vec<_> = futures::stream::iter(list.consume_entries().into_iter().map(|mf| {
+    // collected first: the iterator iceberg-rust returns is not `Send`, and this future must be (a sink compacts)
+    let entries: Vec<iceberg::spec::ManifestFile> = list.consume_entries().into_iter().collect();
+    let manifests: Vec<_> = futures::stream::iter(entries.into_iter().map(|mf| {
         let file_io = file_io.clone();
         async move {
             let m = mf.load_manifest(&file_io).await.map_err(|e| Error::data(mf.manifest_path.clone(), e))?;

@@ -30,7 +30,7 @@ use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
-use crate::sink::iceberg::{expire, progress, target};
+use crate::sink::iceberg::{compact, expire, progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, MaintenanceStats, Sink, SourceInfo};
 
 /// An Iceberg target table, with the catalog it lives in.
@@ -46,6 +46,8 @@ pub struct IcebergSink {
     created: bool,
     /// The engine's memory budget; a quarter of it buffers the files being written.
     memory_budget: u64,
+    /// The target's file totals when compaction was last planned.
+    compact_mark: compact::Mark,
 }
 
 /// The commit being written.
@@ -76,6 +78,7 @@ impl IcebergSink {
             retries: 0,
             created: false,
             memory_budget,
+            compact_mark: compact::Mark::default(),
         })
     }
 
@@ -314,9 +317,45 @@ impl IcebergSink {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
         let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await } else { table };
+        let table = if self.cfg.compact { self.compact_when_due(table, &mut stats.maintenance).await } else { table };
         self.table = Some(table);
         self.map = map;
         Committed::Done { id, stats }
+    }
+}
+
+impl IcebergSink {
+    /// Compacts `table` when due (see `compact`); returns the table as it is afterwards, and counts what it did in
+    /// `stats`. Best effort: a failure is logged and counted, and compaction is tried again when due again.
+    async fn compact_when_due(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
+        let policy = compact::Policy::of(&self.cfg);
+        if !compact::due(self.compact_mark, compact::Mark::of(&table), &policy) {
+            return table;
+        }
+        let started = Instant::now();
+        let result = compact::compact(&self.catalog, &self.cfg, &table, &policy, self.memory_budget / 4).await;
+        stats.compact_seconds += started.elapsed().as_secs_f64();
+        let table = match result {
+            Ok(Some((after, c))) => {
+                stats.compactions += 1;
+                stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
+                stats.bytes_rewritten += c.bytes_rewritten;
+                tracing::info!(
+                    table = %self.cfg.table, data_files = c.data_files_rewritten, delete_files = c.delete_files_removed,
+                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds = started.elapsed().as_secs_f64(),
+                    "compacted the target"
+                );
+                after
+            }
+            Ok(None) => table,
+            Err(e) => {
+                stats.compact_failures += 1;
+                tracing::warn!(table = %self.cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later");
+                table
+            }
+        };
+        self.compact_mark = compact::Mark::of(&table);
+        table
     }
 }
 

@@ -2,6 +2,8 @@
 //! service and every sync already merge manifests in their commits and expire snapshots after them).
 //!
 //! Steps, each independent of the others' success:
+//! 0. **Compact** (unless `compact = false`): every partition with a delete file applying to its data, or with two
+//!    or more small data files, is rewritten without a byte bound (see `compact`), in one `replace` commit.
 //! 1. **Rewrite manifests**: a `replace` snapshot that merges every group's small manifests (see `merge`), when any
 //!    group holds two or more; it requires the head it was planned on and is planned again after a conflict.
 //! 2. **Expire snapshots** beyond the target's retention (`snapshot_retention`, `retain_snapshots`), whatever the
@@ -22,6 +24,7 @@ use serde::Serialize;
 use crate::catalog::Catalog;
 use crate::config::TargetConfig;
 use crate::error::{Error, Result};
+use crate::sink::iceberg::compact;
 use crate::sink::iceberg::expire::{self, Retention};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
@@ -31,6 +34,12 @@ use crate::sink::iceberg::rowdelta::RowDelta;
 pub struct Maintained {
     /// The target table.
     pub table: String,
+    /// Data files the compaction rewrote.
+    pub data_files_rewritten: usize,
+    /// Delete files it removed.
+    pub delete_files_removed: usize,
+    /// Data files it wrote in their place.
+    pub data_files_written: usize,
     /// Manifests of the current snapshot before and after the pass.
     pub manifests_before: usize,
     /// See `manifests_before`.
@@ -49,14 +58,31 @@ pub struct Maintained {
     pub seconds: f64,
 }
 
-/// Runs one maintenance pass over `cfg`'s table in `catalog`. Returns what it did and the error of the first step
-/// that failed (the others still ran); an error only when the table cannot be loaded.
-pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig) -> Result<(Maintained, Option<Error>)> {
+/// Runs one maintenance pass over `cfg`'s table in `catalog`, compacting within `memory_budget`. Returns what it did
+/// and the error of the first step that failed (the others still ran); an error only when the table cannot be loaded.
+pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64) -> Result<(Maintained, Option<Error>)> {
     let mut first_error = None;
     let started = Instant::now();
     let mut out = Maintained { table: cfg.table.clone(), ..Default::default() };
     let mut table = catalog.load_table(&cfg.table).await?;
     out.manifests_before = manifest_count(&table).await?;
+
+    if cfg.compact {
+        match compact::compact(catalog, cfg, &table, &compact::Policy::thorough(cfg), memory_budget).await {
+            Ok(Some((t, c))) => {
+                (out.data_files_rewritten, out.delete_files_removed, out.data_files_written) =
+                    (c.data_files_rewritten, c.delete_files_removed, c.data_files_written);
+                table = t;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(table = %cfg.table, error = %e, "compaction failed");
+                out.failures.push(format!("compact: {e}"));
+                first_error.get_or_insert(e);
+                table = catalog.load_table(&cfg.table).await?;
+            }
+        }
+    }
 
     match rewrite_manifests(catalog, cfg, table.clone()).await {
         Ok(t) => table = t,
@@ -94,6 +120,7 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig) -> Result<(Maintain
     out.seconds = started.elapsed().as_secs_f64();
     tracing::info!(
         table = %cfg.table, manifests_before = out.manifests_before, manifests_after = out.manifests_after,
+        data_files_rewritten = out.data_files_rewritten, delete_files_removed = out.delete_files_removed,
         snapshots_expired = out.snapshots_expired, files_deleted = out.expired_files_deleted, orphans_deleted = out.orphans_deleted,
         "maintenance done"
     );

@@ -16,14 +16,14 @@ use iceberg::{TableRequirement, TableUpdate};
 use crate::error::{Error, Result};
 use crate::sink::iceberg::merge::{self, MergeStats};
 
-/// Summary totals carried forward from the parent and adjusted by what this snapshot adds.
-const TOTALS: [(&str, &str); 6] = [
-    ("total-records", "added-records"),
-    ("total-files-size", "added-files-size"),
-    ("total-data-files", "added-data-files"),
-    ("total-delete-files", "added-delete-files"),
-    ("total-position-deletes", "added-position-deletes"),
-    ("total-equality-deletes", "added-equality-deletes"),
+/// Summary totals carried forward from the parent and adjusted by what this snapshot adds and removes.
+const TOTALS: [(&str, &str, &str); 6] = [
+    ("total-records", "added-records", "deleted-records"),
+    ("total-files-size", "added-files-size", "removed-files-size"),
+    ("total-data-files", "added-data-files", "deleted-data-files"),
+    ("total-delete-files", "added-delete-files", "removed-delete-files"),
+    ("total-position-deletes", "added-position-deletes", "removed-position-deletes"),
+    ("total-equality-deletes", "added-equality-deletes", "removed-equality-deletes"),
 ];
 
 #[derive(Default)]
@@ -39,6 +39,8 @@ pub struct RowDelta {
     merge_manifests: bool,
     /// A manifest rewrite: no files, every small manifest merged, a `replace` snapshot.
     rewrite: bool,
+    /// Live files (data or deletes) of the parent this snapshot removes: a compaction, a `replace` snapshot.
+    remove: std::collections::HashSet<String>,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -102,6 +104,13 @@ impl RowDelta {
         self.rewrite = true;
         self
     }
+    /// Removes live files (data or delete files, by path) of the parent: with data files added in their place, a
+    /// compaction (`replace` snapshot: the rows stay the same). The manifests that list them are rewritten with
+    /// their entries `DELETED` (keeping their sequence numbers) and the others `EXISTING`.
+    pub fn remove_files(mut self, paths: impl IntoIterator<Item = String>) -> Self {
+        self.remove.extend(paths);
+        self
+    }
     /// Table properties set in the same commit.
     pub fn set_table_properties(mut self, props: HashMap<String, String>) -> Self {
         self.table_properties.extend(props);
@@ -148,6 +157,14 @@ impl RowDelta {
         };
         let mut collector = SnapshotSummaryCollector::default();
         let mut metadata_files = Vec::new();
+        // manifests rewritten with removed entries stay out of merging: their DELETED entries tell incremental
+        // readers what this snapshot removed
+        let mut rewritten = Vec::new();
+        if !self.remove.is_empty() {
+            let prefix = format!("{}/metadata/{commit_uuid}-r", meta.location());
+            (manifests, rewritten) =
+                remove_entries(table, &schema, snapshot_id, manifests, &self.remove, &prefix, &mut collector, &mut metadata_files).await?;
+        }
         // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
         // evolved writes equality deletes with its unpartitioned spec, data with the default one).
         let default_spec = meta.default_partition_spec_id();
@@ -169,6 +186,9 @@ impl RowDelta {
             manifests = kept;
             metadata_files.extend(written);
             merged = stats;
+        }
+        for m in rewritten.into_iter().rev() {
+            manifests.insert(0, m);
         }
         for (n, ((_, spec_id), (content, files))) in groups.into_iter().enumerate() {
             let spec = meta
@@ -209,17 +229,16 @@ impl RowDelta {
 
         let mut props = collector.build();
         let prev = parent.map(|p| p.summary().additional_properties.clone()).unwrap_or_default();
-        for (total, added) in TOTALS {
-            let p = prev.get(total).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            let a = props.get(added).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            props.insert(total.to_string(), (p + a).to_string());
+        for (total, added, removed) in TOTALS {
+            let n = |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            props.insert(total.to_string(), (n(&prev, total) + n(&props, added)).saturating_sub(n(&props, removed)).to_string());
         }
         if merged.created > 0 {
             props.insert("manifests-created".into(), (metadata_files.len() - 1).to_string());
             props.insert("manifests-replaced".into(), merged.replaced.to_string());
         }
         props.extend(self.properties);
-        let operation = match (self.rewrite, self.deletes.is_empty()) {
+        let operation = match (self.rewrite || !self.remove.is_empty(), self.deletes.is_empty()) {
             (true, _) => Operation::Replace,
             (false, true) => Operation::Append,
             (false, false) => Operation::Overwrite,
@@ -259,6 +278,71 @@ impl RowDelta {
         }
         Ok(PreparedCommit { snapshot_id, sequence_number: seq, requirements, updates, metadata_files, merged: (merged.replaced, merged.created) })
     }
+}
+
+/// Rewrites the manifests of `manifests` that list a live file of `remove`: that entry `DELETED` (its sequence
+/// numbers kept, as the spec asks), the others `EXISTING`. Returns the manifests left untouched and the rewritten ones;
+/// an error when a file to remove is not live in any manifest (the plan is stale).
+#[allow(clippy::too_many_arguments)]
+async fn remove_entries(
+    table: &Table,
+    schema: &iceberg::spec::SchemaRef,
+    snapshot_id: i64,
+    manifests: Vec<ManifestFile>,
+    remove: &std::collections::HashSet<String>,
+    prefix: &str,
+    collector: &mut SnapshotSummaryCollector,
+    written: &mut Vec<String>,
+) -> Result<(Vec<ManifestFile>, Vec<ManifestFile>)> {
+    let meta = table.metadata();
+    let (mut kept, mut rewritten) = (Vec::new(), Vec::new());
+    let mut found = 0;
+    for m in manifests {
+        let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e.to_string()).with_cause(e))?;
+        if !manifest.entries().iter().any(|e| e.is_alive() && remove.contains(e.file_path())) {
+            kept.push(m);
+            continue;
+        }
+        let spec = meta
+            .partition_spec_by_id(m.partition_spec_id)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("a manifest names partition spec {}, which the table lacks", m.partition_spec_id)))?;
+        let path = format!("{prefix}{}.avro", rewritten.len());
+        let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
+        let mut w = match (meta.format_version(), m.content) {
+            (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
+            (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
+            (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
+            (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+            (FormatVersion::V1, _) => builder.build_v1(),
+        };
+        written.push(path);
+        for e in manifest.entries().iter().filter(|e| e.is_alive()) {
+            let (Some(snapshot), Some(seq)) = (e.snapshot_id, e.sequence_number) else {
+                return Err(Error::data(&m.manifest_path, "a live entry without snapshot id or sequence number after inheritance"));
+            };
+            let file_seq = e.file_sequence_number.or(Some(seq));
+            if remove.contains(e.file_path()) {
+                found += 1;
+                collector.remove_file(&e.data_file, schema.clone(), spec.clone());
+                w.add_delete_file(e.data_file.clone(), seq, file_seq)?;
+            } else {
+                w.add_existing_file(e.data_file.clone(), snapshot, seq, file_seq)?;
+            }
+        }
+        rewritten.push(w.write_manifest_file().await?);
+    }
+    if found != remove.len() {
+        return Err(Error::Conflict {
+            table: meta.location().to_string(),
+            message: format!(
+                "{} of the {} files to remove are no longer live (another writer changed the table)",
+                remove.len() - found,
+                remove.len()
+            ),
+        });
+    }
+    Ok((kept, rewritten))
 }
 
 fn new_snapshot_id(table: &Table) -> i64 {

@@ -758,11 +758,23 @@ impl ChangelogScan<'_> {
 
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
     pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeConsumer) -> Result<SnapshotStats> {
+        let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
+        self.scan_live(snapshot, &plan, None, sink).await
+    }
+
+    /// The live rows of the data files named in `only` (all of them when `None`) of `snapshot`, whose files `plan`
+    /// lists, as INSERT change rows: what a compaction rewrites. Not netted, not ordered by key.
+    pub(crate) async fn scan_live(
+        &self,
+        snapshot: &SnapshotRef,
+        plan: &files::SnapshotFiles,
+        only: Option<&std::collections::HashSet<String>>,
+        sink: &mut impl ChangeConsumer,
+    ) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
         let data_schema = arrow_schema(&schema)?;
-        let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
-        let mut live: Vec<_> = plan.data_after.values().cloned().collect();
+        let mut live: Vec<_> = plan.data_after.values().filter(|f| only.is_none_or(|o| o.contains(f.path()))).cloned().collect();
         live.sort_by(|a, b| a.path().cmp(b.path()));
         let jobs = live
             .into_iter()
