@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import CDC, run_cdc, spark_table, target_section, write_config
+from conftest import CDC, run_cdc, spark_table, sqlite_metadata_location, target_section, write_config
 from spark_workloads import CAT, TABLES
 
 
@@ -475,3 +475,46 @@ def test_merged_manifests_read_the_same_in_spark(spark, spark_tables, warehouse,
         assert counts.get(0, 0) < 3, counts
     replaced = [r[0] for r in spark.sql(f"SELECT summary['manifests-replaced'] FROM {tgt}.snapshots").collect() if r[0]]
     assert replaced, "no commit merged manifests"
+
+
+def operations_and_delete_files(spark, tgt):
+    """The operations of a target's snapshots and the delete files its head keeps live: by Spark's metadata tables,
+    or for an iceberg-rust sqlite catalog (no Spark catalog) by its current metadata file and manifest list as Spark
+    reads them."""
+    if tgt.startswith("sqlite:"):
+        parts = tgt[len("sqlite:"):].split(".")
+        location = sqlite_metadata_location(".".join(parts[:-2]), ".".join(parts[-2:]))
+        with open(location.removeprefix("file:")) as f:
+            meta = json.load(f)
+        deletes = spark.read.format("iceberg").load(location + "#delete_files").count()
+        return [s["summary"]["operation"] for s in meta["snapshots"]], deletes
+    spark.sql(f"REFRESH TABLE {tgt}")
+    ops = [r[0] for r in spark.sql(f"SELECT operation FROM {tgt}.snapshots").collect()]
+    return ops, spark.sql(f"SELECT count(*) FROM {tgt}.delete_files").collect()[0][0]
+
+
+@pytest.mark.parametrize("name,kind", [("part_v2", "rest"), ("mor_v2", "sql"), ("cow_v2", "hadoop")])
+def test_compacted_target_reads_the_same_in_spark(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind):
+    """Compaction after commits, with thresholds of 2 files: cdc follows the source commit by commit and compacts
+    the target between commits (`replace` snapshots that rewrite data files with their deletes applied and drop the
+    delete files). Spark reads the target equal to the source after every commit; `replace` snapshots are in its
+    history; then `cdc maintain` compacts whatever deletes are left, so Spark finds no delete file at all and the
+    target still reads equal; a last sync after it resumes and changes nothing."""
+    src = f"{CAT}.db.{name}"
+    extra = "compact_delete_files = 2\ncompact_small_files = 2"
+    section, tgt = target_section(kind, f"compact_{kind}.{name}", warehouse, rest_catalog, sql_target, extra)
+    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    snaps = lineage(spark, src)
+    run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
+    for sid in snaps[1:]:
+        run_cdc("sync", "--config", cfg, "--to-snapshot", str(sid))
+        assert_replica(spark, src, tgt, cols_at(spark, src, sid), sid)
+    ops, _ = operations_and_delete_files(spark, tgt)
+    assert "replace" in ops, ops
+    run_cdc("maintain", "--config", cfg)
+    ops, deletes = operations_and_delete_files(spark, tgt)
+    assert deletes == 0, f"{deletes} delete files left after cdc maintain"
+    assert_replica(spark, src, tgt, cols_at(spark, src, snaps[-1]), snaps[-1])
+    out = json.loads(run_cdc("sync", "--json", "--config", cfg).stdout)
+    assert out["source_snapshots_applied"] == 0 and not out["target_snapshot_ids"], out
+    assert operations_and_delete_files(spark, tgt)[0] == ops, "the sync after maintenance committed again"
