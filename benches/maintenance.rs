@@ -2,15 +2,17 @@
 //!
 //! A source (the quickstart's sqlite table) commits an insert, an update and — every third commit — a delete; the
 //! applier follows it commit by commit (`sink::open` + `pipeline::run_sync` with `snapshots_per_commit = 1`: what
-//! the service does at a short `commit_interval`) into a filesystem target. Two runs in the same sitting:
-//! - **on**: the defaults (manifest merging, expiry after commits) with `snapshot_retention = "5s"`,
+//! the service does at a short `commit_interval`) into a filesystem target. Three runs in the same sitting:
+//! - **on**: the defaults (manifest merging, compaction and expiry after commits) with `snapshot_retention = "5s"`,
 //!   `retain_snapshots = 10` — a retention window that fills within the run;
-//! - **off**: `merge_manifests = false`, `expire_snapshots = false` (metadata files stay bounded in both: targets
-//!   the applier creates delete old ones after each commit).
+//! - **no compaction**: the same with `compact = false` — the baseline compaction's latency cost is measured against;
+//! - **off**: `merge_manifests = false`, `expire_snapshots = false`, `compact = false` (metadata files stay bounded
+//!   in all three: targets the applier creates delete old ones after each commit).
 //!
 //! Every `--every` commits it records: the metadata directory's bytes, the current metadata file's bytes, the
 //! current snapshot's manifests, the live delete files, and the time `cdc`'s own reader takes to read the whole
-//! target (iceberg-rust 0.10's scan stalls on tables with hundreds of delete files); per commit, the sync's wall time (load, scan, write, commit, maintenance). Prints Markdown, writes
+//! target (iceberg-rust 0.10's scan stalls on tables with hundreds of delete files); per commit, the sync's wall
+//! time (load, scan, write, commit, maintenance). Prints Markdown, writes
 //! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
 //!
 //! `cargo bench --bench maintenance [-- --commits 2000 --every 100]`.
@@ -138,38 +140,41 @@ async fn main() {
     let commits = arg("--commits", 2000) as usize;
     let every = arg("--every", 100) as usize;
     let dir = tempfile::tempdir().unwrap();
-    let on_extra = "snapshot_retention = \"5s\"\nretain_snapshots = 10";
-    let off_extra = "merge_manifests = false\nexpire_snapshots = false";
-    let (on, on_secs) = run(dir.path(), "on", on_extra, commits, every).await;
-    let (off, off_secs) = run(dir.path(), "off", off_extra, commits, every).await;
-
-    println!("### {commits} streaming commits into a filesystem target, maintenance on vs off\n");
-    println!("| | on: first 100 | on: last 100 | off: first 100 | off: last 100 |");
-    println!("|---|---:|---:|---:|---:|");
-    let window = |v: &[f64], last: bool| if last { v[v.len().saturating_sub(100)..].to_vec() } else { v[..v.len().min(100)].to_vec() };
-    for (label, p) in [("sync per commit P50 (s)", 0.5), ("sync per commit P99 (s)", 0.99)] {
-        println!(
-            "| {label} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            pct(&window(&on_secs, false), p),
-            pct(&window(&on_secs, true), p),
-            pct(&window(&off_secs, false), p),
-            pct(&window(&off_secs, true), p)
-        );
+    // (name, colour, target settings)
+    let modes = [
+        ("on", "#1b7f3b", "snapshot_retention = \"5s\"\nretain_snapshots = 10"),
+        ("no compaction", "#d08000", "snapshot_retention = \"5s\"\nretain_snapshots = 10\ncompact = false"),
+        ("off", "#b22", "merge_manifests = false\nexpire_snapshots = false\ncompact = false"),
+    ];
+    let mut runs = Vec::new();
+    for (name, colour, extra) in modes {
+        let (samples, secs) = run(dir.path(), &name.replace(' ', "-"), extra, commits, every).await;
+        runs.push((name, colour, samples, secs));
     }
-    let last = |s: &[Sample]| s.last().unwrap().clone();
-    let (a, b) = (last(&on), last(&off));
-    println!("\n| after {commits} commits | on | off |\n|---|---:|---:|");
-    println!("| metadata directory | {:.1} MB | {:.1} MB |", a.metadata_dir_bytes as f64 / 1e6, b.metadata_dir_bytes as f64 / 1e6);
-    println!("| current metadata file | {:.1} KB | {:.1} KB |", a.metadata_file_bytes as f64 / 1e3, b.metadata_file_bytes as f64 / 1e3);
-    println!("| manifests of the current snapshot | {} | {} |", a.manifests, b.manifests);
-    println!("| live delete files | {} | {} |", a.delete_files, b.delete_files);
-    println!("| full read of the target (cdc's reader) | {:.2} s | {:.2} s |", a.read_seconds, b.read_seconds);
+
+    println!("### {commits} streaming commits into a filesystem target: maintenance on, without compaction, off\n");
+    let window = |v: &[f64], last: bool| if last { v[v.len().saturating_sub(100)..].to_vec() } else { v[..v.len().min(100)].to_vec() };
+    let header: Vec<String> = runs.iter().map(|r| format!("{}: first 100 | {}: last 100", r.0, r.0)).collect();
+    println!("| | {} |\n|---|{}", header.join(" | "), "---:|".repeat(2 * runs.len()));
+    for (label, p) in [("sync per commit P50 (s)", 0.5), ("sync per commit P99 (s)", 0.99)] {
+        let cells: Vec<String> = runs.iter().map(|r| format!("{:.3} | {:.3}", pct(&window(&r.3, false), p), pct(&window(&r.3, true), p))).collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    }
+    let last: Vec<Sample> = runs.iter().map(|r| r.2.last().unwrap().clone()).collect();
+    let names: Vec<&str> = runs.iter().map(|r| r.0).collect();
+    println!("\n| after {commits} commits | {} |\n|---|{}", names.join(" | "), "---:|".repeat(runs.len()));
+    let row = |label: &str, f: &dyn Fn(&Sample) -> String| println!("| {label} | {} |", last.iter().map(f).collect::<Vec<_>>().join(" | "));
+    row("metadata directory", &|x| format!("{:.1} MB", x.metadata_dir_bytes as f64 / 1e6));
+    row("current metadata file", &|x| format!("{:.1} KB", x.metadata_file_bytes as f64 / 1e3));
+    row("manifests of the current snapshot", &|x| x.manifests.to_string());
+    row("live delete files", &|x| x.delete_files.to_string());
+    row("full read of the target (cdc's reader)", &|x| format!("{:.3} s", x.read_seconds));
 
     let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("results");
     std::fs::create_dir_all(&results).unwrap();
     let mut csv = String::from("mode,commit,metadata_dir_bytes,metadata_file_bytes,manifests,delete_files,read_seconds\n");
-    for (mode, s) in [("on", &on), ("off", &off)] {
-        for x in s.iter() {
+    for (mode, _, samples, _) in &runs {
+        for x in samples {
             let _ = writeln!(
                 csv,
                 "{mode},{},{},{},{},{},{:.4}",
@@ -178,37 +183,19 @@ async fn main() {
         }
     }
     std::fs::write(results.join("maintenance.csv"), csv).unwrap();
-    let pts = |s: &[Sample], f: &dyn Fn(&Sample) -> f64| s.iter().map(|x| (x.commit as f64, f(x))).collect::<Vec<_>>();
-    let ymax = |f: &dyn Fn(&Sample) -> f64| on.iter().chain(off.iter()).map(f).fold(1.0, f64::max);
     let xr = (0.0, commits as f64);
-    let manifests = |x: &Sample| x.manifests as f64;
-    let meta_kb = |x: &Sample| x.metadata_dir_bytes as f64 / 1e3;
-    let read_ms = |x: &Sample| x.read_seconds * 1e3;
-    let mut svg = String::from(r#"<svg xmlns="http://www.w3.org/2000/svg" width="1290" height="250" font-family="sans-serif">"#);
-    svg += &chart(
-        "Manifests in the current snapshot",
-        "",
-        &[("on", "#1b7f3b", pts(&on, &manifests)), ("off", "#b22", pts(&off, &manifests))],
-        xr,
-        (0.0, ymax(&manifests)),
-        (0.0, 0.0),
-    );
-    svg += &chart(
-        "Metadata directory (KB)",
-        "",
-        &[("on", "#1b7f3b", pts(&on, &meta_kb)), ("off", "#b22", pts(&off, &meta_kb))],
-        xr,
-        (0.0, ymax(&meta_kb)),
-        (430.0, 0.0),
-    );
-    svg += &chart(
-        "Full read of the target (ms)",
-        "",
-        &[("on", "#1b7f3b", pts(&on, &read_ms)), ("off", "#b22", pts(&off, &read_ms))],
-        xr,
-        (0.0, ymax(&read_ms)),
-        (860.0, 0.0),
-    );
+    let charts: [(&str, &dyn Fn(&Sample) -> f64); 4] = [
+        ("Manifests in the current snapshot", &|x| x.manifests as f64),
+        ("Live delete files", &|x| x.delete_files as f64),
+        ("Metadata directory (KB)", &|x| x.metadata_dir_bytes as f64 / 1e3),
+        ("Full read of the target (ms)", &|x| x.read_seconds * 1e3),
+    ];
+    let mut svg = String::from(r#"<svg xmlns="http://www.w3.org/2000/svg" width="860" height="500" font-family="sans-serif">"#);
+    for (k, (title, f)) in charts.iter().enumerate() {
+        let series: Vec<Series> = runs.iter().map(|r| (r.0, r.1, r.2.iter().map(|x| (x.commit as f64, f(x))).collect())).collect();
+        let ymax = runs.iter().flat_map(|r| r.2.iter()).map(|x| f(x)).fold(1.0, f64::max);
+        svg += &chart(title, "", &series, xr, (0.0, ymax), (430.0 * (k % 2) as f64, 250.0 * (k / 2) as f64));
+    }
     svg += "</svg>\n";
     std::fs::write(results.join("maintenance.svg"), svg).unwrap();
     eprintln!("wrote {}", results.display());
