@@ -110,6 +110,9 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) 
     (samples, seconds)
 }
 
+/// A chart's title and what it plots of a sample.
+type Chart<'a> = (&'a str, &'a dyn Fn(&Sample) -> f64);
+
 /// One line of a chart: name, colour, points.
 type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
 
@@ -184,7 +187,7 @@ async fn main() {
     }
     std::fs::write(results.join("maintenance.csv"), csv).unwrap();
     let xr = (0.0, commits as f64);
-    let charts: [(&str, &dyn Fn(&Sample) -> f64); 4] = [
+    let charts: [Chart; 4] = [
         ("Manifests in the current snapshot", &|x| x.manifests as f64),
         ("Live delete files", &|x| x.delete_files as f64),
         ("Metadata directory (KB)", &|x| x.metadata_dir_bytes as f64 / 1e3),
@@ -193,7 +196,7 @@ async fn main() {
     let mut svg = String::from(r#"<svg xmlns="http://www.w3.org/2000/svg" width="860" height="500" font-family="sans-serif">"#);
     for (k, (title, f)) in charts.iter().enumerate() {
         let series: Vec<Series> = runs.iter().map(|r| (r.0, r.1, r.2.iter().map(|x| (x.commit as f64, f(x))).collect())).collect();
-        let ymax = runs.iter().flat_map(|r| r.2.iter()).map(|x| f(x)).fold(1.0, f64::max);
+        let ymax = runs.iter().flat_map(|r| r.2.iter()).map(f).fold(1.0, f64::max);
         svg += &chart(title, "", &series, xr, (0.0, ymax), (430.0 * (k % 2) as f64, 250.0 * (k / 2) as f64));
     }
     svg += "</svg>\n";

@@ -135,7 +135,7 @@ pub(crate) fn plan(data: &[Candidate], deletes: usize, policy: &Policy) -> Plan 
         }
         due.push((applying.len(), small, chosen));
     }
-    due.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+    due.sort_by_key(|d| std::cmp::Reverse((d.0, d.1)));
     let mut out = Plan::default();
     let mut bytes = 0u64;
     'groups: for (_, _, chosen) in due {
