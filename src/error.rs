@@ -161,6 +161,17 @@ pub enum Error {
         cause: Option<Cause>,
     },
 
+    #[error("{path} is {format} ({content}), by the table's manifest: the file is not corrupt, but `cdc` reads Parquet data and delete files only so far. Rewrite the table in Parquet to replicate it (Spark: ALTER TABLE … SET TBLPROPERTIES ('write.format.default'='parquet', 'write.delete.format.default'='parquet'), then CALL <catalog>.system.rewrite_data_files(table => '…', options => map('rewrite-all','true')) and rewrite_position_delete_files), and start the range after that rewrite")]
+    /// A data or delete file in a format `cdc` does not read (ORC, Avro).
+    UnsupportedFormat {
+        /// The file.
+        path: String,
+        /// Its format, as the manifest names it.
+        format: String,
+        /// What it holds (data, position deletes, equality deletes).
+        content: String,
+    },
+
     #[error("file {path} is missing; it was deleted outside of Iceberg, or by snapshot expiration")]
     /// A file the metadata references is gone.
     MissingFile {
@@ -274,6 +285,7 @@ impl Error {
             Error::Range(_) => "range",
             Error::Key(_) | Error::Schema(_) => "schema",
             Error::Data { .. } | Error::MissingFile { .. } => "data",
+            Error::UnsupportedFormat { .. } => "unsupported_format",
             Error::Io { .. } => "io",
             Error::Iceberg(_) => "iceberg",
             Error::Cancelled => "cancelled",
@@ -294,6 +306,7 @@ impl Error {
                 | Error::SnapshotNotFound { .. }
                 | Error::ExpiredParent { .. }
                 | Error::Fenced { .. }
+                | Error::UnsupportedFormat { .. }
         )
     }
 
@@ -308,7 +321,7 @@ impl Error {
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,
             Error::Key(_) | Error::Schema(_) => exit::SCHEMA,
-            Error::Data { .. } | Error::MissingFile { .. } => exit::DATA,
+            Error::Data { .. } | Error::MissingFile { .. } | Error::UnsupportedFormat { .. } => exit::DATA,
             Error::ExpiredParent { .. } => exit::EXPIRED,
             Error::Io { .. } => exit::IO,
             Error::Iceberg(e) => match e.kind() {

@@ -77,6 +77,7 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
             let seq = entry
                 .sequence_number()
                 .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
+            check_format(entry.data_file())?;
             let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned });
             let is_data = entry.content_type() == DataContentType::Data;
             let (before, after) = match entry.status() {
@@ -108,6 +109,25 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
         }
     }
     Ok(out)
+}
+
+/// Refuses a file `cdc` cannot read with what it is (ORC, Avro), before anything reads it and calls it corrupt:
+/// Parquet data and delete files, and deletion vectors in Puffin files, are read.
+fn check_format(f: &DataFile) -> Result<()> {
+    use iceberg::spec::DataFileFormat;
+    match (f.file_format(), f.content_type()) {
+        (DataFileFormat::Parquet, _) | (DataFileFormat::Puffin, DataContentType::PositionDeletes) => Ok(()),
+        (format, content) => Err(Error::UnsupportedFormat {
+            path: f.file_path().to_string(),
+            format: format!("{format:?}").to_uppercase(),
+            content: match content {
+                DataContentType::Data => "data",
+                DataContentType::PositionDeletes => "position deletes",
+                DataContentType::EqualityDeletes => "equality deletes",
+            }
+            .to_string(),
+        }),
+    }
 }
 
 /// Whether a delete file applies to a data file, by the spec's sequence-number and partition rules.
