@@ -574,7 +574,8 @@ async fn a_paused_applier_replans_instead_of_reapplying() {
 
 /// Several appliers started together on one target (hadoop and sqlite catalogs; the REST catalog is in the peer
 /// tests), each to another end snapshot, and twice in a row: the target ends equal to the source at its recorded
-/// progress, with every range applied once.
+/// progress, with every range applied once — also while each applier compacts the target after every commit
+/// (compaction thresholds of 1 delete file and 2 small files), racing the others' commits.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_appliers_never_reapply_or_go_backwards() {
     let dir = tempfile::tempdir().unwrap();
@@ -586,10 +587,11 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
             .unwrap();
     }
     let ids: Vec<String> = iceberg_cdc::spec::lineage::main_lineage(t.metadata()).iter().map(|s| s.snapshot_id().to_string()).collect();
-    for (kind, trials) in [("hadoop", 4), ("sql", 4)] {
+    let compacting = "\ncompact_delete_files = 1\ncompact_small_files = 2";
+    for (case, (kind, trials, extra)) in [("hadoop", 4, ""), ("sql", 4, ""), ("hadoop", 4, compacting)].into_iter().enumerate() {
         for trial in 0..trials {
-            let tw = dir.path().join(format!("target-{kind}-{trial}"));
-            let mut body = sync_config(&wh, "replica.race", &tw, "commit_retries = 50\nretry_backoff = \"20ms\"");
+            let tw = dir.path().join(format!("target-{case}-{kind}-{trial}"));
+            let mut body = sync_config(&wh, "replica.race", &tw, &format!("commit_retries = 50\nretry_backoff = \"20ms\"{extra}"));
             if kind == "sql" {
                 body = body.replace("type = \"hadoop\"", "type = \"sql\"");
             }
@@ -617,6 +619,12 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
             }
             if kind == "hadoop" {
                 assert_applied_once(&tw, "replica.race", &t, &format!("{kind} trial {trial}"));
+            }
+            if !extra.is_empty() && trial % 2 == 1 {
+                // (a fresh target is one bootstrap commit: nothing to compact)
+                let body = format!("[source]\ntable = \"replica.race\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display());
+                let out = ok(cdc(&["snapshots", "--config", config(dir.path(), &body).to_str().unwrap(), "--json"]));
+                assert!(out.contains("\"replace\""), "trial {trial}: no compaction committed: {out}");
             }
             assert_target_equals_source(&cfg, &t, "replica.race").await;
         }
@@ -1557,8 +1565,8 @@ async fn maintain_rewrites_manifests_expires_and_removes_old_orphans() {
     assert_eq!(again["orphans_deleted"], 0, "{again}");
 }
 
-/// kill -9 anywhere in `cdc maintain` leaves a readable, exact target: SIGKILL at six moments of a pass (manifest
-/// rewrite, expiry, orphan sweep), the target reads equal to the source after each, a full pass then completes, and
+/// kill -9 anywhere in `cdc maintain` leaves a readable, exact target: SIGKILL at six moments of a pass
+/// (compaction, manifest rewrite, expiry, orphan sweep), the target reads equal to the source after each, a full pass then completes, and
 /// a later sync resumes from the recorded progress.
 #[tokio::test(flavor = "multi_thread")]
 async fn maintain_killed_anywhere_leaves_an_exact_target() {
@@ -1575,8 +1583,10 @@ async fn maintain_killed_anywhere_leaves_an_exact_target() {
     let extra = "snapshots_per_commit = 1\nmerge_manifests = false\nexpire_snapshots = false\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\norphan_grace = \"0s\"";
     let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, extra));
     let cfg_s = cfg.to_str().unwrap();
-    ok(cdc(&["sync", "--config", cfg_s, "--to-snapshot", &first]));
-    ok(cdc(&["sync", "--config", cfg_s]));
+    // synced without compaction, so that every pass below starts by compacting
+    let sync_cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, &format!("{extra}\ncompact = false")));
+    ok(cdc(&["sync", "--config", sync_cfg.to_str().unwrap(), "--to-snapshot", &first]));
+    ok(cdc(&["sync", "--config", sync_cfg.to_str().unwrap()]));
     for delay_ms in [5u64, 20, 40, 70, 110, 160] {
         let mut child = Command::new(CDC)
             .args(["maintain", "--config", cfg_s])
