@@ -990,9 +990,10 @@ fn signal(child: &std::process::Child, sig: i32) {
     }
 }
 
-/// The service keeps its target's history bounded as it follows the source, and counts it: with
+/// The service keeps its target's history bounded and its files few as it follows the source, and counts it: with
 /// `snapshot_retention = "0s"` and `retain_snapshots = 2`, /metrics shows expiry runs, expired snapshots and deleted
-/// files, and the target keeps at most a few snapshots while it equals the source.
+/// files, and the target keeps at most a few snapshots while it equals the source; with compaction thresholds of 2
+/// files, /metrics shows compactions and the files they rewrote, and the target holds few delete files.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_service_expires_target_snapshots_and_counts_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -1000,8 +1001,10 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     let tw = dir.path().join("replica");
     let port = free_port();
     let cfg = dir.path().join("service.toml");
-    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")])
-        .replace("table = \"replica.orders\"\n", "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\n");
+    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")]).replace(
+        "table = \"replica.orders\"\n",
+        "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\ncompact_delete_files = 2\ncompact_small_files = 2\n",
+    );
     std::fs::write(&cfg, toml).unwrap();
     let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
@@ -1021,6 +1024,12 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
         "{m}"
     );
     assert!(m.contains("cdc_maintenance_seconds_total"), "{m}");
+    assert!(
+        metric(&m, "cdc_maintenance_runs_total", &format!("{orders},sink=\"iceberg:replica.orders\",task=\"compact\"")).unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    assert!(metric(&m, "cdc_maintenance_files_rewritten_total", orders).unwrap_or(0.0) >= 2.0, "{m}");
+    assert!(metric(&m, "cdc_maintenance_rewritten_bytes_total", orders).unwrap_or(0.0) > 0.0, "{m}");
     let tcat = Catalog::connect(
         &iceberg_cdc::config::CatalogConfig {
             kind: iceberg_cdc::config::CatalogType::Hadoop,
@@ -1033,6 +1042,10 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     .unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     assert!(target.metadata().snapshots().len() <= 3, "{} target snapshots", target.metadata().snapshots().len());
+    let head = target.metadata().current_snapshot().unwrap();
+    let deletes: u64 = head.summary().additional_properties["total-delete-files"].parse().unwrap();
+    assert!(deletes < 3, "{deletes} delete files live after compaction");
+    assert_target_equals_source(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "")), &t, "replica.orders").await;
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
 }
