@@ -3,8 +3,8 @@
 //! A source (the quickstart's sqlite table) commits an insert, an update and — every third commit — a delete; the
 //! applier follows it commit by commit (`sink::open` + `pipeline::run_sync` with `snapshots_per_commit = 1`: what
 //! the service does at a short `commit_interval`) into a filesystem target. Every 50 commits the source's owner
-//! maintains the source (`cdc maintain` on it: manifests merged, snapshots beyond the newest 10 expired), so that the
-//! source's own growth does not mask the target's. Three runs in the same sitting:
+//! maintains the source (`cdc maintain` on it: files compacted, manifests merged, snapshots beyond the newest 10
+//! expired), so that the source's own growth does not mask the target's. Three runs in the same sitting:
 //! - **on**: the defaults (manifest merging, compaction and expiry after commits) with `snapshot_retention = "5s"`,
 //!   `retain_snapshots = 10` — a retention window that fills within the run;
 //! - **no compaction**: the same with `compact = false` — the baseline compaction's latency cost is measured against;
@@ -96,16 +96,15 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) 
     let mut sinks = iceberg_cdc::sink::open(&cfg, "bench").await.unwrap();
     iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
     let table_dir = tw.join("replica").join("orders");
-    // the source is maintained by its owner too (`cdc maintain` on it: manifests merged, snapshots expired), so that
+    // the source is maintained by its owner too (`cdc maintain` on it: compacted, manifests merged, snapshots expired), so that
     // a growing source does not hide what the target's maintenance does to commit latency
-    let owner = Config::parse(&format!(
-        "[source]\ntable = \"{0}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{1}\"\n\n[target]\ntable = \"{0}\"\ncompact = false\n\
-         snapshot_retention = \"0s\"\nretain_snapshots = 10\norphan_grace = \"1h\"\n[target.catalog]\ntype = \"sql\"\nwarehouse = \"{1}\"\n",
+    let owner: iceberg_cdc::config::TargetConfig = toml::from_str(&format!(
+        "table = \"{}\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 10\norphan_grace = \"1h\"\n\
+         [catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
         quickstart::TABLE,
         wh.display()
     ))
     .unwrap();
-    let owner = owner.target.unwrap();
     let (mut samples, mut seconds) = (Vec::new(), Vec::new());
     for n in 1..=commits {
         let i = n as i64;

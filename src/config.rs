@@ -225,7 +225,11 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// maintain` has no such bound.
     #[serde(default = "default_compact_max_bytes", deserialize_with = "de_bytes")]
     pub compact_max_bytes: u64,
-    /// `cdc maintain` deletes unreferenced files only when older than this: another writer's commit may be in
+    /// The service (and a long `cdc sync`) sweeps the target for orphan files this often, after a commit: files no
+    /// snapshot references, older than `orphan_grace`. `"0s"` turns the sweep off; `cdc maintain` always sweeps.
+    #[serde(default = "default_orphan_sweep_interval", with = "humantime_serde")]
+    pub orphan_sweep_interval: std::time::Duration,
+    /// Orphan sweeps delete unreferenced files only when older than this: another writer's commit may be in
     /// flight with its files written and its metadata not yet.
     #[serde(default = "default_orphan_grace", with = "humantime_serde")]
     pub orphan_grace: std::time::Duration,
@@ -255,6 +259,7 @@ impl<C> TargetConfig<C> {
             compact_delete_files: self.compact_delete_files,
             compact_small_files: self.compact_small_files,
             compact_max_bytes: self.compact_max_bytes,
+            orphan_sweep_interval: self.orphan_sweep_interval,
             orphan_grace: self.orphan_grace,
             catalog,
         }
@@ -263,6 +268,9 @@ impl<C> TargetConfig<C> {
 
 fn default_snapshot_retention() -> std::time::Duration {
     std::time::Duration::from_secs(3600)
+}
+fn default_orphan_sweep_interval() -> std::time::Duration {
+    std::time::Duration::from_secs(24 * 3600)
 }
 fn default_orphan_grace() -> std::time::Duration {
     std::time::Duration::from_secs(3 * 24 * 3600)
@@ -739,6 +747,7 @@ mod tests {
             "compact_delete_files",
             "compact_small_files",
             "compact_max_bytes",
+            "orphan_sweep_interval",
             "orphan_grace",
             "catalog",
         ];

@@ -993,7 +993,8 @@ fn signal(child: &std::process::Child, sig: i32) {
 /// The service keeps its target's history bounded and its files few as it follows the source, and counts it: with
 /// `snapshot_retention = "0s"` and `retain_snapshots = 2`, /metrics shows expiry runs, expired snapshots and deleted
 /// files, and the target keeps at most a few snapshots while it equals the source; with compaction thresholds of 2
-/// files, /metrics shows compactions and the files they rewrote, and the target holds few delete files.
+/// files, /metrics shows compactions and the files they rewrote, and the target holds few delete files; with
+/// `orphan_sweep_interval = "1s"` an unreferenced file older than `orphan_grace` goes and a young one stays.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_service_expires_target_snapshots_and_counts_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -1003,15 +1004,25 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     let cfg = dir.path().join("service.toml");
     let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")]).replace(
         "table = \"replica.orders\"\n",
-        "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\ncompact_delete_files = 2\ncompact_small_files = 2\n",
+        "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\ncompact_delete_files = 2\ncompact_small_files = 2\n\
+             orphan_sweep_interval = \"1s\"\norphan_grace = \"1h\"\n",
     );
     std::fs::write(&cfg, toml).unwrap();
     let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
     let mut t = table.clone();
+    let data = tw.join("replica").join("orders").join("data");
+    let (old, young) = (data.join("orphan-old.parquet"), data.join("orphan-young.parquet"));
     for i in 0..6i64 {
         assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "step {i}: {}", log());
+        if i == 0 {
+            std::fs::write(&old, b"left by a crashed writer").unwrap();
+            let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+            std::fs::File::options().write(true).open(&old).unwrap().set_modified(two_hours_ago).unwrap();
+            std::fs::write(&young, b"a commit in flight").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+        }
         t = quickstart::commit_changes(&catalog, &t, &[(500 + i, "live", i as i128)], &[1 + i]).await.unwrap();
     }
     assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "{}", log());
@@ -1030,6 +1041,8 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     );
     assert!(metric(&m, "cdc_maintenance_files_rewritten_total", orders).unwrap_or(0.0) >= 2.0, "{m}");
     assert!(metric(&m, "cdc_maintenance_rewritten_bytes_total", orders).unwrap_or(0.0) > 0.0, "{m}");
+    assert_eq!(metric(&m, "cdc_maintenance_orphans_deleted_total", orders), Some(1.0), "{m}");
+    assert!(!old.exists() && young.exists(), "the sweep deletes old orphans only");
     let tcat = Catalog::connect(
         &iceberg_cdc::config::CatalogConfig {
             kind: iceberg_cdc::config::CatalogType::Hadoop,

@@ -26,7 +26,8 @@ pub struct RunLabels {
     pub sink: String,
 }
 
-/// A maintenance task of a pipeline's sink: `expire` (snapshot expiry), `merge_manifests` or `compact`.
+/// A maintenance task of a pipeline's sink: `expire` (snapshot expiry), `merge_manifests`, `compact` or
+/// `remove_orphans`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     pipeline: String,
@@ -144,6 +145,7 @@ pub struct Telemetry {
     manifests_merged: Family<RunLabels, Counter>,
     files_rewritten: Family<RunLabels, Counter>,
     bytes_rewritten: Family<RunLabels, Counter>,
+    orphans_deleted: Family<RunLabels, Counter>,
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
 }
 
@@ -180,6 +182,7 @@ impl Telemetry {
             manifests_merged: Family::default(),
             files_rewritten: Family::default(),
             bytes_rewritten: Family::default(),
+            orphans_deleted: Family::default(),
             status: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -226,7 +229,7 @@ impl Telemetry {
         registry.register("cdc_pipelines_running", "Pipeline sinks whose loop is running", t.running.clone());
         registry.register(
             "cdc_maintenance_runs",
-            "Maintenance runs that changed the target, by task (expire, merge_manifests, compact)",
+            "Maintenance runs that changed the target, by task (expire, merge_manifests, compact, remove_orphans)",
             t.maintenance_runs.clone(),
         );
         registry.register_with_unit("cdc_maintenance", "Time spent in target maintenance, by task", Unit::Seconds, t.maintenance_seconds.clone());
@@ -244,6 +247,7 @@ impl Telemetry {
             t.files_rewritten.clone(),
         );
         registry.register_with_unit("cdc_maintenance_rewritten", "Bytes of the files compaction removed", Unit::Bytes, t.bytes_rewritten.clone());
+        registry.register("cdc_maintenance_orphans_deleted", "Orphan files the periodic sweep deleted from the target", t.orphans_deleted.clone());
         Arc::new(Telemetry { registry, ..t })
     }
 
@@ -400,6 +404,13 @@ impl Telemetry {
         }
         if m.compact_failures > 0 {
             self.maintenance_failures.get_or_create(&task("compact")).inc_by(m.compact_failures);
+        }
+        if m.orphans_deleted > 0 {
+            self.maintenance_runs.get_or_create(&task("remove_orphans")).inc();
+            self.orphans_deleted.get_or_create(l).inc_by(m.orphans_deleted);
+        }
+        if m.orphan_failures > 0 {
+            self.maintenance_failures.get_or_create(&task("remove_orphans")).inc_by(m.orphan_failures);
         }
     }
 

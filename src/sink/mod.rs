@@ -129,6 +129,10 @@ pub struct MaintenanceStats {
     pub compact_seconds: f64,
     /// Compactions that failed (replication went on; compaction is tried again when due again).
     pub compact_failures: u64,
+    /// Orphan files the periodic sweep deleted.
+    pub orphans_deleted: u64,
+    /// Orphan sweeps that failed (tried again at the next interval).
+    pub orphan_failures: u64,
     /// Maintenance steps that failed (replication went on; they are retried after a later commit).
     pub failures: u64,
 }

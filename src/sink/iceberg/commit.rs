@@ -48,6 +48,8 @@ pub struct IcebergSink {
     memory_budget: u64,
     /// The target's file totals when compaction was last planned.
     compact_mark: compact::Mark,
+    /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
+    swept_at: Instant,
 }
 
 /// The commit being written.
@@ -79,6 +81,7 @@ impl IcebergSink {
             created: false,
             memory_budget,
             compact_mark: compact::Mark::default(),
+            swept_at: Instant::now(),
         })
     }
 
@@ -318,6 +321,7 @@ impl IcebergSink {
         remove_unreferenced(table.file_io(), others).await;
         let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await } else { table };
         let table = if self.cfg.compact { self.compact_when_due(table, &mut stats.maintenance).await } else { table };
+        self.sweep_when_due(&table, &mut stats.maintenance).await;
         self.table = Some(table);
         self.map = map;
         Committed::Done { id, stats }
@@ -356,6 +360,26 @@ impl IcebergSink {
         };
         self.compact_mark = compact::Mark::of(&table);
         table
+    }
+
+    /// Deletes the target's orphan files older than `orphan_grace` once every `orphan_sweep_interval` (best effort:
+    /// a failure is logged and counted, and the sweep is tried again at the next interval).
+    async fn sweep_when_due(&mut self, table: &Table, stats: &mut MaintenanceStats) {
+        let every = self.cfg.orphan_sweep_interval;
+        if every.is_zero() || self.swept_at.elapsed() < every {
+            return;
+        }
+        self.swept_at = Instant::now();
+        match crate::sink::iceberg::maintain::remove_orphans(&self.catalog, table, self.cfg.orphan_grace).await {
+            Ok((deleted, young)) => {
+                stats.orphans_deleted += deleted as u64;
+                tracing::info!(table = %self.cfg.table, deleted, younger_than_grace = young, "swept the target for orphan files");
+            }
+            Err(e) => {
+                stats.orphan_failures += 1;
+                tracing::warn!(table = %self.cfg.table, error = %e, "the orphan file sweep failed; it is tried again at the next interval");
+            }
+        }
     }
 }
 

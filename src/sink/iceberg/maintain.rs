@@ -173,7 +173,7 @@ async fn rewrite_manifests(catalog: &Catalog, cfg: &TargetConfig, mut table: Tab
 
 /// Step 3: deletes the unreferenced files under `data/` and `metadata/` older than `grace`; returns how many went and
 /// how many unreferenced ones were too young.
-async fn remove_orphans(catalog: &Catalog, table: &Table, grace: Duration) -> Result<(usize, usize)> {
+pub(crate) async fn remove_orphans(catalog: &Catalog, table: &Table, grace: Duration) -> Result<(usize, usize)> {
     let meta = table.metadata();
     let location = meta.location().trim_end_matches('/');
     let referenced = referenced_files(table).await?;
