@@ -71,7 +71,7 @@ enum Cmd {
     },
     /// Maintain the target table once: compact data and delete files, rewrite small manifests, expire snapshots
     /// beyond the retention, delete orphan files older than `orphan_grace` (for `cdc sync` run from cron; the
-    /// service does all but the last itself).
+    /// service does all of it on its own, in smaller steps).
     Maintain {
         #[arg(long)]
         config: PathBuf,
