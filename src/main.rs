@@ -267,7 +267,12 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             } else {
                 eprintln!(
                     "cdc: {}: compacted {} data file(s) into {} and removed {} delete file(s), manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
-                    m.table, m.data_files_rewritten, m.data_files_written, m.delete_files_removed, m.manifests_before, m.manifests_after,
+                    m.table,
+                    m.compacted.data_files_rewritten,
+                    m.compacted.data_files_written,
+                    m.compacted.delete_files_removed,
+                    m.manifests_before,
+                    m.manifests_after,
                     m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
                 );
             }

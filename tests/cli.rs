@@ -1437,6 +1437,17 @@ async fn created_targets_keep_a_bounded_number_of_metadata_files() {
     }
 }
 
+/// The quickstart table plus 55 commits, each an insert, an update and a delete (58 snapshots).
+async fn long_history(dir: &Path) -> (Catalog, Table, PathBuf) {
+    let (catalog, mut t, wh) = quickstart_table(dir).await;
+    for i in 0..55i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(3000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[3000 + i - 3])
+            .await
+            .unwrap();
+    }
+    (catalog, t, wh)
+}
+
 /// Small manifests are merged in commits (Iceberg Java's merge-append): 58 target commits with inserts, updates and
 /// deletes (each adding a data and a delete manifest) leave a current snapshot whose manifests per content stay below
 /// the merge threshold, some commits record the merge in their summary, and the target still reads equal to the
@@ -1444,13 +1455,7 @@ async fn created_targets_keep_a_bounded_number_of_metadata_files() {
 #[tokio::test(flavor = "multi_thread")]
 async fn small_manifests_are_merged_as_commits_go() {
     let dir = tempfile::tempdir().unwrap();
-    let (catalog, table, wh) = quickstart_table(dir.path()).await;
-    let mut t = table.clone();
-    for i in 0..55i64 {
-        t = quickstart::commit_changes(&catalog, &t, &[(3000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[3000 + i - 3])
-            .await
-            .unwrap();
-    }
+    let (_catalog, t, wh) = long_history(dir.path()).await;
     let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
     let tw = dir.path().join("target");
     // compaction would rewrite the files this test follows (see the compaction test below)
@@ -1493,13 +1498,7 @@ async fn small_manifests_are_merged_as_commits_go() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_target_is_compacted_as_commits_go() {
     let dir = tempfile::tempdir().unwrap();
-    let (catalog, table, wh) = quickstart_table(dir.path()).await;
-    let mut t = table.clone();
-    for i in 0..55i64 {
-        t = quickstart::commit_changes(&catalog, &t, &[(3000 + i, "more", i as i128), (1 + i % 4, "again", i as i128)], &[3000 + i - 3])
-            .await
-            .unwrap();
-    }
+    let (catalog, mut t, wh) = long_history(dir.path()).await;
     let tw = dir.path().join("target");
     let cfg =
         config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "snapshots_per_commit = 1\ncompact_delete_files = 4\ncompact_small_files = 6"));

@@ -383,34 +383,36 @@ impl Telemetry {
     /// Event: a commit's maintenance of the target (expiry, manifest merging, compaction) — counted, and logged by the sink.
     fn maintained(&self, l: &RunLabels, m: &MaintenanceStats) {
         let task = |t: &str| TaskLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), task: t.into() };
-        if m.snapshots_expired > 0 {
-            self.maintenance_runs.get_or_create(&task("expire")).inc();
-            self.snapshots_expired.get_or_create(l).inc_by(m.snapshots_expired);
-            self.files_deleted.get_or_create(l).inc_by(m.files_deleted);
+        // (task, runs that changed the target, failures, seconds spent when the task measures them)
+        let tasks = [
+            ("expire", (m.snapshots_expired > 0) as u64, m.failures, Some(m.expire_seconds)),
+            ("merge_manifests", (m.manifests_merged > 0) as u64, 0, None),
+            ("compact", m.compactions, m.compact_failures, Some(m.compact_seconds)),
+            ("remove_orphans", (m.orphans_deleted > 0) as u64, m.orphan_failures, None),
+        ];
+        for (name, runs, failures, seconds) in tasks {
+            if let Some(s) = seconds {
+                self.maintenance_seconds.get_or_create(&task(name)).inc_by(s);
+            }
+            if runs > 0 {
+                self.maintenance_runs.get_or_create(&task(name)).inc_by(runs);
+            }
+            if failures > 0 {
+                self.maintenance_failures.get_or_create(&task(name)).inc_by(failures);
+            }
         }
-        self.maintenance_seconds.get_or_create(&task("expire")).inc_by(m.expire_seconds);
-        if m.manifests_merged > 0 {
-            self.maintenance_runs.get_or_create(&task("merge_manifests")).inc();
-            self.manifests_merged.get_or_create(l).inc_by(m.manifests_merged);
-        }
-        if m.failures > 0 {
-            self.maintenance_failures.get_or_create(&task("expire")).inc_by(m.failures);
-        }
-        self.maintenance_seconds.get_or_create(&task("compact")).inc_by(m.compact_seconds);
-        if m.compactions > 0 {
-            self.maintenance_runs.get_or_create(&task("compact")).inc_by(m.compactions);
-            self.files_rewritten.get_or_create(l).inc_by(m.files_rewritten);
-            self.bytes_rewritten.get_or_create(l).inc_by(m.bytes_rewritten);
-        }
-        if m.compact_failures > 0 {
-            self.maintenance_failures.get_or_create(&task("compact")).inc_by(m.compact_failures);
-        }
-        if m.orphans_deleted > 0 {
-            self.maintenance_runs.get_or_create(&task("remove_orphans")).inc();
-            self.orphans_deleted.get_or_create(l).inc_by(m.orphans_deleted);
-        }
-        if m.orphan_failures > 0 {
-            self.maintenance_failures.get_or_create(&task("remove_orphans")).inc_by(m.orphan_failures);
+        let counters = [
+            (&self.snapshots_expired, m.snapshots_expired),
+            (&self.files_deleted, m.files_deleted),
+            (&self.manifests_merged, m.manifests_merged),
+            (&self.files_rewritten, m.files_rewritten),
+            (&self.bytes_rewritten, m.bytes_rewritten),
+            (&self.orphans_deleted, m.orphans_deleted),
+        ];
+        for (family, n) in counters {
+            if n > 0 {
+                family.get_or_create(l).inc_by(n);
+            }
         }
     }
 

@@ -34,12 +34,9 @@ use crate::sink::iceberg::rowdelta::RowDelta;
 pub struct Maintained {
     /// The target table.
     pub table: String,
-    /// Data files the compaction rewrote.
-    pub data_files_rewritten: usize,
-    /// Delete files it removed.
-    pub delete_files_removed: usize,
-    /// Data files it wrote in their place.
-    pub data_files_written: usize,
+    /// What the compaction did (all zero when there was nothing to compact).
+    #[serde(flatten)]
+    pub compacted: compact::Compacted,
     /// Manifests of the current snapshot before and after the pass.
     pub manifests_before: usize,
     /// See `manifests_before`.
@@ -70,8 +67,7 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
     if cfg.compact {
         match compact::compact(catalog, cfg, &table, &compact::Policy::thorough(cfg), memory_budget).await {
             Ok(Some((t, c))) => {
-                (out.data_files_rewritten, out.delete_files_removed, out.data_files_written) =
-                    (c.data_files_rewritten, c.delete_files_removed, c.data_files_written);
+                out.compacted = c;
                 table = t;
             }
             Ok(None) => {}
@@ -120,7 +116,7 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
     out.seconds = started.elapsed().as_secs_f64();
     tracing::info!(
         table = %cfg.table, manifests_before = out.manifests_before, manifests_after = out.manifests_after,
-        data_files_rewritten = out.data_files_rewritten, delete_files_removed = out.delete_files_removed,
+        data_files_rewritten = out.compacted.data_files_rewritten, delete_files_removed = out.compacted.delete_files_removed,
         snapshots_expired = out.snapshots_expired, files_deleted = out.expired_files_deleted, orphans_deleted = out.orphans_deleted,
         "maintenance done"
     );

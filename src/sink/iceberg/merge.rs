@@ -15,7 +15,9 @@
 //! Merging is an optimization: a bin that fails to merge stays as it was.
 use std::collections::BTreeMap;
 
-use iceberg::spec::{FormatVersion, ManifestContentType, ManifestFile, ManifestWriterBuilder, SchemaRef, TableMetadata};
+use iceberg::spec::{
+    FormatVersion, ManifestContentType, ManifestFile, ManifestWriter, ManifestWriterBuilder, PartitionSpecRef, SchemaRef, TableMetadata,
+};
 use iceberg::table::Table;
 
 use crate::error::{Error, Result};
@@ -148,6 +150,32 @@ pub(crate) async fn merge(
     (kept, written, stats)
 }
 
+/// A writer of a `content` manifest at `path`, for files of partition spec `spec_id`, in `table`'s format version,
+/// added by snapshot `snapshot_id`; and that spec.
+pub(crate) fn manifest_writer(
+    table: &Table,
+    schema: &SchemaRef,
+    snapshot_id: i64,
+    content: ManifestContentType,
+    spec_id: i32,
+    path: &str,
+) -> Result<(ManifestWriter, PartitionSpecRef)> {
+    let meta = table.metadata();
+    let spec = meta
+        .partition_spec_by_id(spec_id)
+        .cloned()
+        .ok_or_else(|| Error::Internal(format!("a manifest names partition spec {spec_id}, which the table lacks")))?;
+    let builder = ManifestWriterBuilder::new(table.file_io().new_output(path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
+    let w = match (meta.format_version(), content) {
+        (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
+        (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
+        (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
+        (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+        (FormatVersion::V1, _) => builder.build_v1(),
+    };
+    Ok((w, spec))
+}
+
 /// One merged manifest of `files` (all of `content` in spec `spec_id`) at `path`.
 async fn merge_bin(
     table: &Table,
@@ -158,18 +186,7 @@ async fn merge_bin(
     files: &[&ManifestFile],
     path: &str,
 ) -> Result<ManifestFile> {
-    let meta = table.metadata();
-    let spec = meta
-        .partition_spec_by_id(spec_id)
-        .ok_or_else(|| Error::Internal(format!("a manifest names partition spec {spec_id}, which the table lacks")))?;
-    let builder = ManifestWriterBuilder::new(table.file_io().new_output(path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
-    let mut w = match (meta.format_version(), content) {
-        (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
-        (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
-        (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
-        (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
-        (FormatVersion::V1, _) => builder.build_v1(),
-    };
+    let (mut w, _) = manifest_writer(table, schema, snapshot_id, content, spec_id, path)?;
     for f in files {
         let manifest = f.load_manifest(table.file_io()).await?;
         for e in manifest.entries().iter().filter(|e| e.is_alive()) {

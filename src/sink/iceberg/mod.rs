@@ -1,7 +1,7 @@
 //! Writing to Iceberg tables: data and equality-delete files, and the row-delta commit iceberg-rust 0.10.1 lacks.
 pub(crate) mod apply;
 mod commit;
-pub(crate) mod compact;
+pub mod compact;
 pub(crate) mod deletes;
 pub(crate) mod evolve;
 pub(crate) mod expire;

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::spec::{
-    DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation, Schema,
-    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
+    DataContentType, DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter, Operation, Schema, Snapshot, SnapshotReference,
+    SnapshotRetention, SnapshotSummaryCollector, Summary, MAIN_BRANCH,
 };
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
@@ -191,19 +191,8 @@ impl RowDelta {
             manifests.insert(0, m);
         }
         for (n, ((_, spec_id), (content, files))) in groups.into_iter().enumerate() {
-            let spec = meta
-                .partition_spec_by_id(spec_id)
-                .cloned()
-                .ok_or_else(|| Error::Internal(format!("a file names partition spec {spec_id}, which the table does not have")))?;
             let path = format!("{}/metadata/{commit_uuid}-m{n}.avro", meta.location());
-            let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
-            let mut w = match (version, content) {
-                (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
-                (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
-                (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
-                (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
-                (FormatVersion::V1, _) => builder.build_v1(),
-            };
+            let (mut w, spec) = merge::manifest_writer(table, &schema, snapshot_id, content, spec_id, &path)?;
             for f in files {
                 collector.add_file(f, schema.clone(), spec.clone());
                 w.add_file(f.clone(), seq)?;
@@ -303,19 +292,8 @@ async fn remove_entries(
             kept.push(m);
             continue;
         }
-        let spec = meta
-            .partition_spec_by_id(m.partition_spec_id)
-            .cloned()
-            .ok_or_else(|| Error::Internal(format!("a manifest names partition spec {}, which the table lacks", m.partition_spec_id)))?;
         let path = format!("{prefix}{}.avro", rewritten.len());
-        let builder = ManifestWriterBuilder::new(table.file_io().new_output(&path)?, Some(snapshot_id), schema.clone(), spec.as_ref().clone());
-        let mut w = match (meta.format_version(), m.content) {
-            (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
-            (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
-            (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
-            (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
-            (FormatVersion::V1, _) => builder.build_v1(),
-        };
+        let (mut w, spec) = merge::manifest_writer(table, schema, snapshot_id, m.content, m.partition_spec_id, &path)?;
         written.push(path);
         for e in manifest.entries().iter().filter(|e| e.is_alive()) {
             let (Some(snapshot), Some(seq)) = (e.snapshot_id, e.sequence_number) else {
