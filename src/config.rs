@@ -163,6 +163,19 @@ pub enum WriteMode {
     MergeOnRead,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+/// How the applier deletes the target rows that a change removes or replaces.
+pub enum DeleteMode {
+    #[default]
+    /// An equality delete on the key columns (the seed's layout): cheapest to write, but not every reader applies
+    /// them (pyiceberg refuses them).
+    Equality,
+    /// By position: the rows are looked up by key in the target and deleted with position-delete files (v2) or
+    /// deletion vectors (v3). No equality-delete file is ever written: every engine reads the target.
+    Position,
+}
+
 /// A target table. `C` is how its catalog is given: inline (`[target.catalog]`, the default) or, in the service's
 /// file, by the name of a `[catalogs.<name>]` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -173,6 +186,9 @@ pub struct TargetConfig<C = CatalogConfig> {
     #[serde(default)]
     /// How changes are written.
     pub mode: WriteMode,
+    /// How rows are deleted: `"equality"` (default) or `"position"`.
+    #[serde(default)]
+    pub delete_mode: DeleteMode,
     /// Columns the equality deletes match on; default: the source's key columns.
     pub equality_columns: Option<Vec<String>>,
     /// Format version of a table the applier creates: 2 (position deletes) or 3 (deletion vectors).
@@ -243,6 +259,7 @@ impl<C> TargetConfig<C> {
         TargetConfig {
             table: self.table,
             mode: self.mode,
+            delete_mode: self.delete_mode,
             equality_columns: self.equality_columns,
             format_version: self.format_version,
             snapshots_per_commit: self.snapshots_per_commit,
@@ -731,6 +748,7 @@ mod tests {
         let target = [
             "table",
             "mode",
+            "delete_mode",
             "equality_columns",
             "format_version",
             "snapshots_per_commit",

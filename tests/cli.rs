@@ -1689,3 +1689,65 @@ async fn old_target_snapshots_expire_and_their_files_go() {
     assert!(missing.is_empty(), "referenced but deleted: {missing:?}");
     assert!(extra.is_empty(), "left behind by expiry: {extra:?}");
 }
+
+/// Content types of every delete file any snapshot of `table` (loaded from `cfg`'s target catalog) lists.
+async fn delete_contents(cfg: &Path, table: &str) -> Vec<iceberg::spec::DataContentType> {
+    let tcat = Catalog::connect(&Config::load(cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let target = tcat.load_table(table).await.unwrap();
+    let mut out = Vec::new();
+    for s in target.metadata().snapshots() {
+        for m in target.manifest_list_reader(s).load().await.unwrap().entries() {
+            for e in m.load_manifest(target.file_io()).await.unwrap().entries() {
+                if e.content_type() != iceberg::spec::DataContentType::Data {
+                    out.push(e.content_type());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `delete_mode = "position"`: the 55 commits of `long_history` (inserts, updates of the same four keys again and
+/// again, deletes) replicated commit by commit with compaction after every 4 delete files — so a key's row keeps
+/// moving: to a new file when it is updated, into a compacted file when its file is rewritten — and in commits of 4
+/// snapshots (rows written and rewritten within one commit). No snapshot of either target lists an equality-delete
+/// file, rows are deleted by position (the summary counts them and the files read to find them), and iceberg-rust's
+/// scan reads both targets equal to the source, also after later source commits.
+#[tokio::test(flavor = "multi_thread")]
+async fn position_mode_deletes_each_row_where_it_is_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, mut t, wh) = long_history(dir.path()).await;
+    let first = iceberg_cdc::spec::lineage::main_lineage(t.metadata())[0].snapshot_id().to_string();
+    let tw = dir.path().join("target");
+    let cases = [
+        ("moving", "snapshots_per_commit = 1\ncompact_delete_files = 4\ncompact_small_files = 4"),
+        ("grouped", "snapshots_per_commit = 4\ncompact = false"),
+    ];
+    let mut cfgs = Vec::new();
+    for (name, extra) in cases {
+        let table = format!("replica.{name}");
+        let cfg = config(dir.path(), &sync_config(&wh, &table, &tw, &format!("delete_mode = \"position\"\n{extra}")));
+        std::fs::rename(&cfg, dir.path().join(format!("{name}.toml"))).unwrap();
+        let cfg = dir.path().join(format!("{name}.toml"));
+        let cfg_s = cfg.to_str().unwrap();
+        ok(cdc(&["sync", "--config", cfg_s, "--to-snapshot", &first]));
+        let s: serde_json::Value = serde_json::from_str(&ok(cdc(&["sync", "--json", "--config", cfg_s]))).unwrap();
+        assert!(s["position_deletes"].as_u64().unwrap() >= 55, "{name}: {s}");
+        assert!(s["lookup_files_read"].as_u64().unwrap() > 0, "{name}: {s}");
+        if name == "moving" {
+            assert!(s["compactions"].as_u64().unwrap() >= 3, "{name}: {s}");
+        }
+        assert_target_equals_source(&cfg, &t, &table).await;
+        cfgs.push((cfg, table));
+    }
+    for i in 0..3i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(6000 + i, "late", i as i128), (1 + i, "moved", i as i128)], &[3020 + i]).await.unwrap();
+    }
+    for (cfg, table) in &cfgs {
+        ok(cdc(&["sync", "--config", cfg.to_str().unwrap()]));
+        assert_target_equals_source(cfg, &t, table).await;
+        let contents = delete_contents(cfg, table).await;
+        assert!(!contents.is_empty(), "{table}: no delete file at all");
+        assert!(contents.iter().all(|c| *c == iceberg::spec::DataContentType::PositionDeletes), "{table}: {contents:?}");
+    }
+}

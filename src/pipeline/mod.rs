@@ -182,6 +182,12 @@ pub struct SyncSummary {
     pub bytes_written: u64,
     /// Target files closed before they were full: more partitions were open at once than the memory budget holds.
     pub files_closed_early: u64,
+    /// Target rows deleted by position (position-delete files and deletion vectors).
+    pub position_deletes: u64,
+    /// `delete_mode = "position"`: target data files read to find the rows to delete by key …
+    pub lookup_files_read: u64,
+    /// … and the rows read from them.
+    pub lookup_rows_read: u64,
     /// Source data files read (a file read twice counts twice) and their bytes.
     pub source_files_read: u64,
     /// Bytes of the source files read.
@@ -549,6 +555,9 @@ fn record(
     summary.updates += stats.updates;
     summary.files_written += stats.files;
     summary.files_closed_early += stats.files_closed_early;
+    summary.position_deletes += stats.position_deletes;
+    summary.lookup_files_read += stats.lookup_files_read;
+    summary.lookup_rows_read += stats.lookup_rows_read;
     summary.bytes_written += stats.bytes;
     summary.snapshots_expired += stats.maintenance.snapshots_expired;
     summary.files_deleted += stats.maintenance.files_deleted;

@@ -92,6 +92,10 @@ pub struct CommitStats {
     pub equality_delete_rows: u64,
     /// Positions deleted (position-delete files and deletion vectors).
     pub position_deletes: u64,
+    /// `delete_mode = "position"`: target data files read to find the rows of the keys the commit deletes …
+    pub lookup_files_read: u64,
+    /// … and the rows read from them.
+    pub lookup_rows_read: u64,
     /// Files written.
     pub files: usize,
     /// Their bytes.

@@ -4,6 +4,10 @@
 //! - Every key the commit touches gets one equality delete on the equality columns, written in the partition of the
 //!   row it removes (the old row of `DELETE`/`UPDATE_BEFORE`; for `INSERT` the new row's, in case the key was already
 //!   there): the target stays one row per key.
+//! - With `delete_mode = "position"` no equality delete is written: the keys the commit touches are collected, looked
+//!   up in the target's head when the commit's files are finished ([`super::locate`]), and their live rows deleted by
+//!   position like the rows below. On v3 a data file's new deletion vector is merged with its current one, which the
+//!   commit replaces (one vector per data file, as the spec requires).
 //! - A row this commit wrote and a later source snapshot of the same commit changes again is deleted by position
 //!   (position-delete file on v2, deletion vector on v3): an equality delete only reaches strictly older data.
 use std::collections::{BTreeMap, HashMap};
@@ -17,10 +21,12 @@ use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
 use crate::change::{self, ChangeType};
+use crate::config::DeleteMode;
 use crate::error::{Error, Result};
 use crate::sink::iceberg::deletes::{self, Partition};
 use crate::sink::iceberg::evolve::FieldMap;
 use crate::sink::iceberg::files::{remove_unreferenced, Content, PartitionedWriter, WriteLimits};
+use crate::sink::iceberg::locate::Lookup;
 
 pub use crate::sink::CommitStats;
 
@@ -43,10 +49,24 @@ pub struct CommitWriter {
     last_deleted: Option<Box<[u8]>>,
     /// Rows this commit wrote: key → (file, position, source snapshot).
     written: HashMap<Box<[u8]>, Vec<Written>, ahash::RandomState>,
-    positions: BTreeMap<Arc<str>, (RoaringTreemap, Option<Struct>)>,
+    /// `delete_mode = "position"`: the keys whose rows in the target this commit deletes.
+    lookup: Option<Wanted>,
+    /// Positions to delete: data file → (positions, its partition).
+    positions: BTreeMap<Arc<str>, (RoaringTreemap, Partition)>,
+    /// Target data files (not written by this commit) with positions to delete → the positions their deletes
+    /// already delete (a new deletion vector holds both).
+    deleted_before: HashMap<Arc<str>, RoaringTreemap>,
     file_partitions: HashMap<Arc<str>, Option<Struct>>,
     track_positions: bool,
     pub stats: CommitStats,
+}
+
+/// Keys to look up in the target (`delete_mode = "position"`).
+#[derive(Default)]
+struct Wanted {
+    keys: crate::spec::rowenc::KeySet,
+    /// Some key column held a null.
+    nulls: bool,
 }
 
 /// What a [`CommitWriter`] writes with.
@@ -67,12 +87,17 @@ pub struct WriterSpec<'a> {
     /// The partition spec equality deletes are written in: the default one, or the unpartitioned spec (global
     /// deletes) once the table holds data of more than one spec.
     pub delete_spec: iceberg::spec::PartitionSpecRef,
+    /// How target rows are deleted.
+    pub delete_mode: DeleteMode,
 }
 
 /// The files of one commit: data files, and delete files with the partition spec each was written in.
 pub struct CommitFiles {
     pub data: Vec<DataFile>,
     pub deletes: Vec<(i32, DataFile)>,
+    /// Target data files whose deletion vectors (and position-delete files of theirs alone) the new deletion vectors
+    /// replace: the commit removes those.
+    pub replaced_deletes_of: Vec<String>,
     pub stats: CommitStats,
 }
 
@@ -98,7 +123,7 @@ impl CommitWriter {
         Ok(CommitWriter {
             table: table.clone(),
             data: PartitionedWriter::new(table, &schema, table.metadata().default_partition_spec(), Content::Data, size, rg, &spec.equality_ids)?,
-            eq: if spec.bootstrap {
+            eq: if spec.bootstrap || spec.delete_mode == DeleteMode::Position {
                 None
             } else {
                 Some(EqTask::spawn(PartitionedWriter::new(
@@ -119,7 +144,9 @@ impl CommitWriter {
             deleted: Default::default(),
             last_deleted: None,
             written: Default::default(),
+            lookup: (!spec.bootstrap && spec.delete_mode == DeleteMode::Position).then(Wanted::default),
             positions: BTreeMap::new(),
+            deleted_before: HashMap::new(),
             file_partitions: HashMap::new(),
             track_positions: spec.multi_snapshot,
             stats: CommitStats::default(),
@@ -139,6 +166,10 @@ impl CommitWriter {
         let rows = to_target(batch, &self.arrow, &self.to_source)?;
         let key_cols: Vec<_> = self.key_idx.iter().map(|&i| rows.column(i).clone()).collect();
         let keys = self.keys.convert_columns(&key_cols)?;
+        if let Some(w) = self.lookup.as_mut() {
+            w.nulls |= key_cols.iter().any(|c| c.null_count() > 0);
+        }
+        let default_spec = self.table.metadata().default_partition_spec_id();
 
         let mut eq_rows = Vec::new();
         let mut data_rows = Vec::new();
@@ -159,14 +190,21 @@ impl CommitWriter {
                     let (stale, keep): (Vec<_>, Vec<_>) = w.drain(..).partition(|(_, _, s)| *s != snap);
                     *w = keep;
                     for (path, pos, _) in stale {
-                        let part = self.file_partitions.get(&path).cloned().flatten();
+                        let value = self.file_partitions.get(&path).cloned().flatten().unwrap_or_else(Struct::empty);
+                        let part = Partition { spec_id: default_spec, value };
                         self.positions.entry(path).or_insert_with(|| (RoaringTreemap::new(), part)).0.insert(pos);
                         self.stats.position_deletes += 1;
                     }
                 }
             }
-            if self.eq.is_some() && t != ChangeType::UpdateAfter && self.first_delete_of(key) {
-                eq_rows.push(i as u32);
+            if t != ChangeType::UpdateAfter {
+                if let Some(w) = self.lookup.as_mut() {
+                    if !w.keys.contains(key) {
+                        w.keys.insert(key.into());
+                    }
+                } else if self.eq.is_some() && self.first_delete_of(key) {
+                    eq_rows.push(i as u32);
+                }
             }
             if matches!(t, ChangeType::Insert | ChangeType::UpdateAfter) {
                 data_rows.push(i as u32);
@@ -253,9 +291,11 @@ impl CommitWriter {
     }
 
     async fn finish_files(mut self) -> Result<CommitFiles> {
+        self.locate().await?;
         self.positions.retain(|_, (bm, _)| !bm.is_empty());
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
-        let default_spec = self.table.metadata().default_partition_spec_id();
+        let is_v3 = self.table.metadata().format_version() >= FormatVersion::V3;
+        let replaced_deletes_of = if is_v3 { self.deleted_before.keys().map(|p| p.to_string()).collect() } else { Vec::new() };
         let CommitWriter { data, eq, mut stats, .. } = self;
         stats.files_closed_early = data.evicted();
         let data = data.finish().await?;
@@ -267,7 +307,7 @@ impl CommitWriter {
             }
             None => Vec::new(),
         };
-        deletes.extend(positional.into_iter().map(|f| (default_spec, f)));
+        deletes.extend(positional);
         if stats.files_closed_early > 0 {
             tracing::info!(
                 files_closed_early = stats.files_closed_early,
@@ -277,40 +317,71 @@ impl CommitWriter {
         }
         stats.files = data.len() + deletes.len();
         stats.bytes = data.iter().chain(deletes.iter().map(|(_, f)| f)).map(|f| f.file_size_in_bytes()).sum();
-        Ok(CommitFiles { data, deletes, stats })
+        Ok(CommitFiles { data, deletes, replaced_deletes_of, stats })
     }
 
-    async fn position_delete_files(&mut self) -> Result<Vec<DataFile>> {
+    /// `delete_mode = "position"`: finds the live rows of the keys this commit touches in the target's head, and
+    /// adds their positions to those to delete.
+    async fn locate(&mut self) -> Result<()> {
+        let Some(wanted) = self.lookup.take().filter(|w| !w.keys.is_empty()) else { return Ok(()) };
+        let key_fields = self.key_idx.iter().map(|&i| Arc::new(self.arrow.field(i).clone())).collect();
+        let lookup = Lookup { table: &self.table, key_fields, nulls: wanted.nulls };
+        let located = lookup.locate(&wanted.keys).await?;
+        (self.stats.lookup_files_read, self.stats.lookup_rows_read) = (located.files_read, located.rows_read);
+        for f in located.files {
+            let path: Arc<str> = f.data.path().into();
+            self.stats.position_deletes += f.positions.len();
+            let part = Partition { spec_id: f.data.spec_id, value: f.data.partition().clone() };
+            self.positions.entry(path.clone()).or_insert_with(|| (RoaringTreemap::new(), part)).0 |= f.positions;
+            self.deleted_before.insert(path, f.deleted);
+        }
+        Ok(())
+    }
+
+    /// The position-delete files (v2: one per partition) or the deletion vectors (v3: one per data file, all in one
+    /// Puffin file, each merged with what the file's current deletes delete), with the spec of each.
+    async fn position_delete_files(&mut self) -> Result<Vec<(i32, DataFile)>> {
         let meta = self.table.metadata();
-        let spec = meta.default_partition_spec();
-        let spec_id = spec.spec_id();
         let locations = super::location::Locations::new(meta);
         let name = |kind: &str, ext: &str| format!("cdc-{}-{kind}.{ext}", uuid::Uuid::new_v4());
-        let location = |part: &Option<Struct>, file: &str| {
-            let key = part.as_ref().map(|p| PartitionKey::new(spec.as_ref().clone(), self.schema.clone(), p.clone()));
-            locations.file(key.as_ref(), file)
+        let location = |part: Option<&Partition>, file: &str| -> Result<String> {
+            let key = match part {
+                Some(p) if !p.value.fields().is_empty() => {
+                    let spec = meta
+                        .partition_spec_by_id(p.spec_id)
+                        .ok_or_else(|| Error::Internal(format!("partition spec {} of a target data file is not in the table", p.spec_id)))?;
+                    Some(PartitionKey::new(spec.as_ref().clone(), self.schema.clone(), p.value.clone()))
+                }
+                _ => None,
+            };
+            Ok(locations.file(key.as_ref(), file))
         };
         let io = self.table.file_io().clone();
         let mut out = Vec::new();
         if meta.format_version() >= FormatVersion::V3 {
-            // one deletion vector per data file, all in one Puffin file
             let vectors: Vec<(String, Partition, RoaringTreemap)> = self
                 .positions
                 .iter()
-                .map(|(path, (bm, part))| (path.to_string(), Partition { spec_id, value: part.clone().unwrap_or_else(Struct::empty) }, bm.clone()))
+                .map(|(path, (bm, part))| {
+                    let merged = match self.deleted_before.get(path) {
+                        Some(before) => bm | before,
+                        None => bm.clone(),
+                    };
+                    (path.to_string(), part.clone(), merged)
+                })
                 .collect();
-            let path = location(&None, &name("dv", "puffin"));
-            out.extend(deletes::write_dv_file(&io, &path, &vectors).await?);
+            let path = location(None, &name("dv", "puffin"))?;
+            let files = deletes::write_dv_file(&io, &path, &vectors).await?;
+            out.extend(vectors.iter().map(|(_, p, _)| p.spec_id).zip(files));
         } else {
-            // one position-delete file per partition
-            let mut by_part: HashMap<Option<Struct>, BTreeMap<String, RoaringTreemap>> = HashMap::new();
+            let mut by_part: HashMap<(i32, Struct), BTreeMap<String, RoaringTreemap>> = HashMap::new();
             for (path, (bm, part)) in &self.positions {
-                by_part.entry(part.clone()).or_default().insert(path.to_string(), bm.clone());
+                by_part.entry((part.spec_id, part.value.clone())).or_default().insert(path.to_string(), bm.clone());
             }
-            for (part, files) in by_part {
-                let path = location(&part, &name("pos-deletes", "parquet"));
-                let p = Partition { spec_id, value: part.unwrap_or_else(Struct::empty) };
-                out.push(deletes::write_position_delete_file(&io, &path, &p, &files).await?);
+            for ((spec_id, value), files) in by_part {
+                let part = Partition { spec_id, value };
+                let path = location(Some(&part), &name("pos-deletes", "parquet"))?;
+                out.push((part.spec_id, deletes::write_position_delete_file(&io, &path, &part, &files).await?));
             }
         }
         Ok(out)

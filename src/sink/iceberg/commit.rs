@@ -24,7 +24,7 @@ use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
 
 use crate::catalog::Catalog;
-use crate::config::TargetConfig;
+use crate::config::{DeleteMode, TargetConfig};
 use crate::error::{Error, Result};
 use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
@@ -208,6 +208,7 @@ impl IcebergSink {
             bootstrap: chunk.bootstrap,
             multi_snapshot: chunk.snapshots.len() > 1,
             delete_spec: Self::delete_spec(table),
+            delete_mode: self.cfg.delete_mode,
         };
         let writer = CommitWriter::new(table, spec)?;
         self.open = Some(Open {
@@ -226,7 +227,7 @@ impl IcebergSink {
 
     async fn do_commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
         let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
-        let CommitFiles { data, deletes: dels, stats } = open.writer.finish().await?;
+        let CommitFiles { data, deletes: dels, replaced_deletes_of, stats } = open.writer.finish().await?;
         let mut target = self.table.clone().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))?;
         let evo = open.evolution;
         let map_recorded = FieldMap::read(target.metadata(), &source.uuid).ok().flatten().as_ref() == Some(&evo.map);
@@ -238,7 +239,9 @@ impl IcebergSink {
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
         let mut attempts: Vec<Attempt> = Vec::new();
         loop {
-            let mut prepared = row_delta(self.cfg.merge_manifests, &data, &dels, &props, &table_props, &evo).prepare(&target).await?;
+            let delta =
+                row_delta(self.cfg.merge_manifests, &data, &dels, &props, &table_props, &evo).replace_deletes_of(replaced_deletes_of.iter().cloned());
+            let mut prepared = delta.prepare(&target).await?;
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
             prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, prepared.sequence_number));
             attempts.push(Attempt {
@@ -303,7 +306,9 @@ impl IcebergSink {
             let recorded = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
             let moved = target.metadata().current_schema_id() != open.planned_schema_id
                 || target.metadata().default_partition_spec_id() != open.planned_spec_id;
-            if recorded != open.base || moved {
+            // positions were found in the planned head: on any other, rows may have moved (a compaction)
+            let positions_stale = self.cfg.delete_mode == DeleteMode::Position && target.metadata().current_snapshot_id() != attempts[0].parent;
+            if recorded != open.base || moved || positions_stale {
                 tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
                 discard(target.file_io(), Some(&now), files, &attempts).await;
                 return Ok(Committed::Replan);

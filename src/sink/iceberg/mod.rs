@@ -6,6 +6,7 @@ pub(crate) mod deletes;
 pub(crate) mod evolve;
 pub(crate) mod expire;
 pub mod files;
+pub(crate) mod locate;
 pub(crate) mod location;
 pub mod maintain;
 pub(crate) mod merge;

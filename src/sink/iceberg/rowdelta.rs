@@ -41,6 +41,9 @@ pub struct RowDelta {
     rewrite: bool,
     /// Live files (data or deletes) of the parent this snapshot removes: a compaction, a `replace` snapshot.
     remove: std::collections::HashSet<String>,
+    /// Data files whose deletion vectors (and position-delete files that reference them alone) this snapshot
+    /// replaces with new ones.
+    replace_deletes_of: std::collections::HashSet<String>,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -111,6 +114,13 @@ impl RowDelta {
         self.remove.extend(paths);
         self
     }
+    /// Removes the live deletion vectors of these data files, and the position-delete files that reference one of
+    /// them alone: the commit adds deletion vectors that hold their positions and more (v3 allows one vector per
+    /// data file). Unlike [`Self::remove_files`] this deletes rows: the snapshot is an `overwrite`.
+    pub fn replace_deletes_of(mut self, data_paths: impl IntoIterator<Item = String>) -> Self {
+        self.replace_deletes_of.extend(data_paths);
+        self
+    }
     /// Table properties set in the same commit.
     pub fn set_table_properties(mut self, props: HashMap<String, String>) -> Self {
         self.table_properties.extend(props);
@@ -160,10 +170,11 @@ impl RowDelta {
         // manifests rewritten with removed entries stay out of merging: their DELETED entries tell incremental
         // readers what this snapshot removed
         let mut rewritten = Vec::new();
-        if !self.remove.is_empty() {
+        if !self.remove.is_empty() || !self.replace_deletes_of.is_empty() {
             let prefix = format!("{}/metadata/{commit_uuid}-r", meta.location());
+            let removed = Removed { paths: &self.remove, deletes_of: &self.replace_deletes_of };
             (manifests, rewritten) =
-                remove_entries(table, &schema, snapshot_id, manifests, &self.remove, &prefix, &mut collector, &mut metadata_files).await?;
+                remove_entries(table, &schema, snapshot_id, manifests, removed, &prefix, &mut collector, &mut metadata_files).await?;
         }
         // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
         // evolved writes equality deletes with its unpartitioned spec, data with the default one).
@@ -227,10 +238,12 @@ impl RowDelta {
             props.insert("manifests-replaced".into(), merged.replaced.to_string());
         }
         props.extend(self.properties);
-        let operation = match (self.rewrite || !self.remove.is_empty(), self.deletes.is_empty()) {
-            (true, _) => Operation::Replace,
-            (false, true) => Operation::Append,
-            (false, false) => Operation::Overwrite,
+        // a compaction adds no delete file: it only moves rows (`replace`); deletes added change rows
+        let operation = match (self.rewrite, self.deletes.is_empty(), self.remove.is_empty()) {
+            (true, _, _) => Operation::Replace,
+            (false, false, _) => Operation::Overwrite,
+            (false, true, false) => Operation::Replace,
+            (false, true, true) => Operation::Append,
         };
         let builder = Snapshot::builder()
             .with_manifest_list(list_path)
@@ -269,16 +282,30 @@ impl RowDelta {
     }
 }
 
-/// Rewrites the manifests of `manifests` that list a live file of `remove`: that entry `DELETED` (its sequence
+/// What a snapshot removes: files by path, and the deletion vectors (or single-file position deletes) of data files.
+#[derive(Clone, Copy)]
+struct Removed<'a> {
+    paths: &'a std::collections::HashSet<String>,
+    deletes_of: &'a std::collections::HashSet<String>,
+}
+
+impl Removed<'_> {
+    fn matches(&self, f: &DataFile) -> bool {
+        self.paths.contains(f.file_path())
+            || (f.content_type() == DataContentType::PositionDeletes && f.referenced_data_file().is_some_and(|r| self.deletes_of.contains(&r)))
+    }
+}
+
+/// Rewrites the manifests of `manifests` that list a live file `remove` matches: that entry `DELETED` (its sequence
 /// numbers kept, as the spec asks), the others `EXISTING`. Returns the manifests left untouched and the rewritten ones;
-/// an error when a file to remove is not live in any manifest (the plan is stale).
+/// an error when a file to remove by path is not live in any manifest (the plan is stale).
 #[allow(clippy::too_many_arguments)]
 async fn remove_entries(
     table: &Table,
     schema: &iceberg::spec::SchemaRef,
     snapshot_id: i64,
     manifests: Vec<ManifestFile>,
-    remove: &std::collections::HashSet<String>,
+    remove: Removed<'_>,
     prefix: &str,
     collector: &mut SnapshotSummaryCollector,
     written: &mut Vec<String>,
@@ -288,7 +315,7 @@ async fn remove_entries(
     let mut found = 0;
     for m in manifests {
         let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e.to_string()).with_cause(e))?;
-        if !manifest.entries().iter().any(|e| e.is_alive() && remove.contains(e.file_path())) {
+        if !manifest.entries().iter().any(|e| e.is_alive() && remove.matches(&e.data_file)) {
             kept.push(m);
             continue;
         }
@@ -300,8 +327,8 @@ async fn remove_entries(
                 return Err(Error::data(&m.manifest_path, "a live entry without snapshot id or sequence number after inheritance"));
             };
             let file_seq = e.file_sequence_number.or(Some(seq));
-            if remove.contains(e.file_path()) {
-                found += 1;
+            if remove.matches(&e.data_file) {
+                found += usize::from(remove.paths.contains(e.file_path()));
                 collector.remove_file(&e.data_file, schema.clone(), spec.clone());
                 w.add_delete_file(e.data_file.clone(), seq, file_seq)?;
             } else {
@@ -310,13 +337,13 @@ async fn remove_entries(
         }
         rewritten.push(w.write_manifest_file().await?);
     }
-    if found != remove.len() {
+    if found != remove.paths.len() {
         return Err(Error::Conflict {
             table: meta.location().to_string(),
             message: format!(
                 "{} of the {} files to remove are no longer live (another writer changed the table)",
-                remove.len() - found,
-                remove.len()
+                remove.paths.len() - found,
+                remove.paths.len()
             ),
         });
     }

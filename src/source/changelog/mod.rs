@@ -44,6 +44,7 @@ mod state;
 use diff::*;
 pub use groups::InParts;
 use groups::*;
+pub(crate) use state::FileDeletes;
 use state::*;
 
 /// How a scan divides `engine.memory_budget` (numerator, denominator). The parts run at the same time — readers hold

@@ -129,3 +129,32 @@ pub(super) fn positional_change(job: &FileJob, before: &StateDeletes, after: &St
     }
     (equality_deletes(&job.before.1) == equality_deletes(&job.after.1)).then(|| &before.positions ^ &after.positions)
 }
+
+/// The deletes that apply to one data file at a snapshot, read and ready to mask its rows: how a writer that deletes
+/// by position (`delete_mode = "position"`) finds the rows still live in its target.
+pub(crate) struct FileDeletes(StateDeletes);
+
+impl FileDeletes {
+    /// Reads (through `cache`) the delete files of `deletes` that apply to `data`; equality-delete keys are encoded
+    /// with the types of `schema` (which must hold their columns), cached under `schema_id`.
+    pub(crate) async fn load(
+        file_io: &FileIO,
+        cache: &DeleteCache,
+        data: &FileEntry,
+        deletes: &[Arc<FileEntry>],
+        schema: &SchemaRef,
+        schema_id: i32,
+    ) -> Result<Self> {
+        Ok(FileDeletes(load_state(file_io, cache, data, true, deletes, schema, schema_id).await?))
+    }
+
+    /// The positions deleted by position-delete files and deletion vectors.
+    pub(crate) fn positions(&self) -> &RoaringTreemap {
+        &self.0.positions
+    }
+
+    /// Which rows of `batch` (rows of the file from position `first` on, in `schema`) are live.
+    pub(crate) fn live(&self, batch: &RecordBatch, first: u64) -> Result<Vec<bool>> {
+        live_mask(&self.0, batch, At::From(first))
+    }
+}
