@@ -1141,15 +1141,21 @@ async fn service_follows_reloads_reports_and_stops() {
     assert!(notify.wait_for("STOPPING=1", 1));
 }
 
-/// SIGKILL the service mid-stream ten times while the source keeps changing, restarting it each time: the target
-/// ends equal to the source, each key once.
+/// SIGKILL the service mid-stream ten times while the source keeps changing, restarting it each time: both targets
+/// (equality and position mode) end equal to the source, each key once, every range applied once.
 #[tokio::test(flavor = "multi_thread")]
 async fn service_survives_sigkill_mid_stream() {
     let dir = tempfile::tempdir().unwrap();
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("replica");
     let cfg = dir.path().join("service.toml");
-    std::fs::write(&cfg, service_toml(&wh, &tw, free_port(), &[("orders", quickstart::TABLE, "replica.orders")]).replace("200ms", "100ms")).unwrap();
+    // the same stream into an equality-mode and a position-mode target
+    let pipelines = [("orders", quickstart::TABLE, "replica.orders"), ("by_position", quickstart::TABLE, "replica.by_position")];
+    let body = service_toml(&wh, &tw, free_port(), &pipelines)
+        .replace("200ms", "100ms")
+        .replace("table = \"replica.by_position\"\n", "table = \"replica.by_position\"\ndelete_mode = \"position\"\n");
+    assert!(body.contains("delete_mode"));
+    std::fs::write(&cfg, body).unwrap();
     let mut t = table.clone();
     let mut rng = 17u64;
     for round in 0..10i64 {
@@ -1174,11 +1180,12 @@ async fn service_survives_sigkill_mid_stream() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let ok = wait_caught_up(&tw, "replica.orders", &catalog, 60).await;
+    let ok = wait_caught_up(&tw, "replica.orders", &catalog, 60).await && wait_caught_up(&tw, "replica.by_position", &catalog, 60).await;
     signal(&child, libc::SIGTERM);
     wait_exit(&mut child, 15, || "(stderr not kept)".into());
-    assert!(ok, "the target did not catch up after the kills");
+    assert!(ok, "the targets did not catch up after the kills");
     assert_applied_once(&tw, "replica.orders", &t, "after the kills");
+    assert_applied_once(&tw, "replica.by_position", &t, "after the kills (position mode)");
 }
 
 /// The systemd unit passes `systemd-analyze verify` (with the binary built here in place of /usr/local/bin/cdc).

@@ -307,7 +307,8 @@ def test_partitioned_object_names_are_the_metadata_paths(spark, gcp, tmp_path):
     """Partition values with `=`, `%`, space, `+`, `#`, `?`, `/`, unicode, null, under every transform: every object
     `cdc sync` and `cdc run` write is stored under exactly the path the target's metadata holds (Spark reads the
     target through GCSFileIO, and the bucket listing matches the metadata name for name); a commit that keeps failing
-    deletes what it wrote by those names; and `cdc` reads Spark's partitioned source by its names."""
+    deletes what it wrote by those names; and `cdc` reads Spark's partitioned source by its names. The service's
+    target is in `delete_mode = "position"`: its position deletes go to the partition of the rows they delete."""
     src = spark_source(spark, "g_names", statements=object_names.workload(f"{GSCAT}.db.g_names", 2))
     bucket = f"gs://{BUCKET}"
     object_names.assert_names_match(set(gcp.objects("wh/db/g_names/")), object_names.referenced(spark, src, bucket), "Spark's source")
@@ -336,7 +337,7 @@ def test_partitioned_object_names_are_the_metadata_paths(spark, gcp, tmp_path):
     svc_cfg.write_text(
         f'[service]\npoll_interval = "500ms"\nmetrics_address = "off"\n\n[catalogs.lake]\n{gcp.catalog()}\n'
         f'[[pipelines]]\nname = "g_names"\nsource = {{ catalog = "lake", table = "db.g_names" }}\n\n'
-        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "repl.g_names_svc"\n'
+        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "repl.g_names_svc"\ndelete_mode = "position"\n'
     )
     svc_tgt = f"{GSCAT}.repl.g_names_svc"
     log = open(tmp_path / "service.log", "w")

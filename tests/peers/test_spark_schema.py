@@ -137,13 +137,17 @@ def assert_target_is_source_at(spark, src, tgt, sid):
     assert got == want, f"at source snapshot {sid}:\nmissing {[r for r in want if r not in got]}\nextra {[r for r in got if r not in want]}"
 
 
-CASES = [("evo_mor_v2", "hadoop", 2), ("evo_cow_v3", "rest", 3), ("evo_mor_v2", "sql", 3), ("evo_cow_v3", "hadoop", 2)]
+CASES = [("evo_mor_v2", "hadoop", 2, "equality"), ("evo_cow_v3", "rest", 3, "equality"), ("evo_mor_v2", "sql", 3, "equality"),
+         ("evo_cow_v3", "hadoop", 2, "equality"), ("evo_mor_v2", "rest", 3, "position"), ("evo_cow_v3", "sql", 2, "position")]
 
 
-@pytest.mark.parametrize("name,kind,version", CASES)
-def test_sync_follows_schema_evolution_step_by_step(spark, evo_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind, version):
+@pytest.mark.parametrize("name,kind,version,mode", CASES)
+def test_sync_follows_schema_evolution_step_by_step(spark, evo_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind, version, mode):
+    """With `delete_mode = "position"` too: keys of rows in files of older schemas (renamed, widened key columns)
+    are found by field id and deleted by position."""
     src = evo_tables[name]
-    section, tgt = target_section(kind, f"evo_{kind}_v{version}.{name}", warehouse, rest_catalog, sql_target, f"format_version = {version}")
+    extra = f'format_version = {version}\ndelete_mode = "{mode}"'
+    section, tgt = target_section(kind, f"evo_{kind}_v{version}_{mode}.{name}", warehouse, rest_catalog, sql_target, extra)
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
     for sid in lineage(spark, src):
         run_cdc("sync", "--config", cfg, "--to-snapshot", str(sid))
@@ -270,16 +274,18 @@ def part_workload(t, version):
     ]
 
 
-@pytest.mark.parametrize("follow,version,kind", [(True, 2, "hadoop"), (False, 3, "rest"), (True, 3, "sql")])
-def test_sync_across_partition_spec_evolution(spark, warehouse, rest_catalog, sql_target, tmp_path, follow, version, kind):
+@pytest.mark.parametrize("follow,version,kind,mode", [(True, 2, "hadoop", "equality"), (False, 3, "rest", "equality"), (True, 3, "sql", "equality"),
+                                                       (True, 2, "rest", "position"), (True, 3, "hadoop", "position")])
+def test_sync_across_partition_spec_evolution(spark, warehouse, rest_catalog, sql_target, tmp_path, follow, version, kind, mode):
     """The source's partition spec evolves twice while rows of old-spec files change, with a sync after every
     statement. The target keeps its own spec or follows the source's (`follow_partition_spec`); either way Spark reads
-    it equal to the source after every step, and deletes reach rows of every spec."""
-    name = f"part_evo_v{version}_{kind}"
+    it equal to the source after every step, and deletes reach rows of every spec (in position mode: each position
+    delete in the spec and partition of the file it deletes from)."""
+    name = f"part_evo_v{version}_{kind}_{mode}"
     src = f"{CAT}.db.{name}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
     spark.sql(f"DROP TABLE IF EXISTS {src}")
-    extra = f"format_version = {version}\nfollow_partition_spec = {'true' if follow else 'false'}"
+    extra = f"format_version = {version}\nfollow_partition_spec = {'true' if follow else 'false'}\ndelete_mode = \"{mode}\""
     section, tgt = target_section(kind, f"pevo_{kind}_{int(follow)}.{name}", warehouse, rest_catalog, sql_target, extra)
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
     for stmt in part_workload(src, version):

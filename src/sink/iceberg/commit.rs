@@ -101,6 +101,8 @@ impl IcebergSink {
             let meta = table.metadata();
             let schema = meta.current_schema();
             let mut updates = Vec::new();
+            // catalogs assign their own spec ids, but Iceberg Java's REST server refuses a spec without one
+            let next_spec_id = meta.partition_specs_iter().map(|s| s.spec_id()).max().unwrap_or(0) + 1;
             if self.cfg.follow_partition_spec {
                 let src_spec = source.metadata.default_partition_spec();
                 // columns the target does not have yet (added by this very commit) join the spec with the next one
@@ -114,19 +116,38 @@ impl IcebergSink {
                 let have: Vec<(i32, iceberg::spec::Transform, String)> =
                     meta.default_partition_spec().fields().iter().map(|f| (f.source_id, f.transform, f.name.clone())).collect();
                 if wanted != have {
+                    // partition field ids are table-wide in v2: an equivalent field of an earlier spec keeps its id,
+                    // a new one takes the next (Iceberg Java's REST server numbers fields sent without ids from 1000
+                    // in every spec, which then conflict)
+                    let mut next_field_id = meta.last_partition_id();
                     let mut b = UnboundPartitionSpec::builder();
                     for (id, transform, name) in &wanted {
-                        b = b.add_partition_field(*id, name, *transform)?;
+                        let existing = meta
+                            .partition_specs_iter()
+                            .flat_map(|s| s.fields().iter())
+                            .find(|f| f.source_id == *id && f.transform == *transform)
+                            .map(|f| f.field_id);
+                        let field_id = existing.unwrap_or_else(|| {
+                            next_field_id += 1;
+                            next_field_id
+                        });
+                        let field = iceberg::spec::UnboundPartitionField {
+                            source_id: *id,
+                            field_id: Some(field_id),
+                            name: name.clone(),
+                            transform: *transform,
+                        };
+                        b = b.add_partition_fields([field])?;
                     }
                     tracing::info!(table = %self.cfg.table, "the target's partition spec follows the source's");
-                    updates.push(TableUpdate::AddSpec { spec: b.build() });
+                    updates.push(TableUpdate::AddSpec { spec: b.build().with_spec_id(next_spec_id) });
                     updates.push(TableUpdate::SetDefaultSpec { spec_id: -1 });
                 }
             }
             let specs_after = meta.partition_specs_iter().len() + usize::from(!updates.is_empty());
             let has_unpartitioned = meta.partition_specs_iter().any(|s| s.is_unpartitioned());
             if specs_after > 1 && !has_unpartitioned {
-                updates.push(TableUpdate::AddSpec { spec: UnboundPartitionSpec::builder().build() });
+                updates.push(TableUpdate::AddSpec { spec: UnboundPartitionSpec::builder().with_spec_id(next_spec_id + 1).build() });
                 if updates.len() == 1 {
                     // keep the default spec (the added one is only for global equality deletes)
                 } else {
@@ -309,7 +330,12 @@ impl IcebergSink {
             // positions were found in the planned head: on any other, rows may have moved (a compaction)
             let positions_stale = self.cfg.delete_mode == DeleteMode::Position && target.metadata().current_snapshot_id() != attempts[0].parent;
             if recorded != open.base || moved || positions_stale {
-                tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "another writer moved the target's progress, schema or partition spec; discarding this commit's files");
+                let why = if recorded != open.base || moved {
+                    "another writer moved the target's progress, schema or partition spec"
+                } else {
+                    "another writer committed to the target, and rows deleted by position may have moved"
+                };
+                tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "{why}; discarding this commit's files and planning again");
                 discard(target.file_io(), Some(&now), files, &attempts).await;
                 return Ok(Committed::Replan);
             }
