@@ -143,6 +143,8 @@ pub struct MaintenanceStats {
 
 /// How a commit ended.
 #[derive(Debug, Clone)]
+// one value per commit, moved once: boxing the stats would buy nothing
+#[allow(clippy::large_enum_variant)]
 pub enum Committed {
     /// It landed; `id` names it in the sink (a target snapshot id).
     Done {
