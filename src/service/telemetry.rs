@@ -259,11 +259,12 @@ impl Telemetry {
 
     /// Counts the configured and the running loops (on the events that change them: not on every poll).
     fn count_loops(&self) {
+        // set under the lock: two loops starting at once must not publish their counts in the other order
         let map = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         let (configured, running) = (map.len(), map.values().filter(|s| s.started).count());
-        drop(map);
         self.configured.set(configured as i64);
         self.running.set(running as i64);
+        drop(map);
     }
 
     /// Event: the service configured a pipeline loop and is about to start it ("not started" until it runs).

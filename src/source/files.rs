@@ -116,7 +116,9 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 fn check_format(f: &DataFile) -> Result<()> {
     use iceberg::spec::DataFileFormat;
     match (f.file_format(), f.content_type()) {
-        (DataFileFormat::Parquet, _) | (DataFileFormat::Puffin, DataContentType::PositionDeletes) => Ok(()),
+        (DataFileFormat::Parquet | DataFileFormat::Orc | DataFileFormat::Avro, _) | (DataFileFormat::Puffin, DataContentType::PositionDeletes) => {
+            Ok(())
+        }
         (format, content) => Err(Error::UnsupportedFormat {
             path: f.file_path().to_string(),
             format: format!("{format:?}").to_uppercase(),

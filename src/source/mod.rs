@@ -4,6 +4,7 @@ pub mod carry;
 pub mod changelog;
 pub mod files;
 pub(crate) mod fingerprint;
+pub(crate) mod format;
 pub(crate) mod matcher;
 pub mod net;
 pub mod reader;

@@ -15,6 +15,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileIO;
+use iceberg::spec::DataFileFormat;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
@@ -168,19 +169,28 @@ impl<R: AsyncFileReader> AsyncFileReader for GatedReader<R> {
     }
 }
 
-/// Streams the rows of a Parquet data file, projected by field id onto `target`, in file order (so the n-th row
-/// overall is at position n); its row-group fetches pass `gate` when one is given. With `views`, top-level strings
-/// and binaries come back as views ([`view_types`]).
+/// A stream of batches from one file.
+pub type Batches = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
+/// Streams the rows of a data file (Parquet; ORC and Avro through [`crate::source::format`]), projected by field id
+/// onto `target`, in file order (so the n-th row overall is at position n); its Parquet row-group fetches pass `gate`
+/// when one is given. With `views`, top-level Parquet strings and binaries come back as views ([`view_types`]).
 pub async fn read_data_file(
     file_io: &FileIO,
     path: &str,
+    format: DataFileFormat,
     target: SchemaRef,
     gate: Option<&ReadGate>,
     views: bool,
-) -> Result<impl Stream<Item = Result<RecordBatch>> + Send + 'static> {
+) -> Result<Batches> {
+    if format != DataFileFormat::Parquet {
+        let opened = crate::source::format::open(file_io, path, format).await?;
+        let path = path.to_string();
+        return Ok(opened.stream.map(move |b| project(&b?, &target).map_err(|e| Error::data(&path, e))).boxed());
+    }
     let opts = OpenOptions { gate, views, page_index: false };
     let builder = open(file_io, path, opts, Arc::default()).await?;
-    projected_stream(builder, path, target, views)
+    Ok(projected_stream(builder, path, target, views)?.boxed())
 }
 
 /// A read of only some rows of a data file ([`read_rows_at`]).
@@ -201,10 +211,32 @@ pub struct RowsAt<S> {
 pub async fn read_rows_at(
     file_io: &FileIO,
     path: &str,
+    format: DataFileFormat,
     target: SchemaRef,
     gate: Option<&ReadGate>,
     positions: Option<&RoaringTreemap>,
-) -> Result<RowsAt<impl Stream<Item = Result<RecordBatch>> + Send + 'static>> {
+) -> Result<RowsAt<Batches>> {
+    if format != DataFileFormat::Parquet {
+        // no page index to skip by: every row is decoded, the others dropped
+        let opened = crate::source::format::open(file_io, path, format).await?;
+        let (path, wanted, mut at) = (path.to_string(), positions.cloned(), 0u64);
+        let stream = opened
+            .stream
+            .map(move |b| {
+                let b = project(&b?, &target).map_err(|e| Error::data(&path, e))?;
+                let first = at;
+                at += b.num_rows() as u64;
+                match &wanted {
+                    None => Ok(b),
+                    Some(w) => {
+                        let keep: arrow_array::BooleanArray = (first..at).map(|p| Some(w.contains(p))).collect();
+                        Ok(arrow_select::filter::filter_record_batch(&b, &keep)?)
+                    }
+                }
+            })
+            .boxed();
+        return Ok(RowsAt { stream, rows_in_file: opened.rows, fetched: opened.fetched });
+    }
     let fetched = Arc::new(AtomicU64::new(0));
     let opts = OpenOptions { gate, views: false, page_index: positions.is_some() };
     let builder = open(file_io, path, opts, fetched.clone()).await?;
@@ -213,7 +245,7 @@ pub async fn read_rows_at(
         Some(p) => builder.with_row_selection(selection_of(p, rows_in_file)),
         None => builder,
     };
-    Ok(RowsAt { stream: projected_stream(builder, path, target, false)?, rows_in_file, fetched })
+    Ok(RowsAt { stream: projected_stream(builder, path, target, false)?.boxed(), rows_in_file, fetched })
 }
 
 /// The [`RowSelection`] of `positions` below `rows` (runs of consecutive positions become one selector), covering all
@@ -290,7 +322,19 @@ pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
 pub use crate::spec::projection::relax;
 
 /// A v2 position-delete file: deleted positions per data file path.
-pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashMap<String, RoaringTreemap>> {
+pub async fn read_position_deletes(file_io: &FileIO, path: &str, format: DataFileFormat) -> Result<HashMap<String, RoaringTreemap>> {
+    if format != DataFileFormat::Parquet {
+        let columns: SchemaRef = Arc::new(Schema::new(vec![
+            projection_field(POS_DELETE_FILE_PATH_ID, "file_path", DataType::Utf8),
+            projection_field(POS_DELETE_POS_ID, "pos", DataType::Int64),
+        ]));
+        let mut stream = read_data_file(file_io, path, format, columns, None, false).await?;
+        let mut out: HashMap<String, RoaringTreemap> = HashMap::new();
+        while let Some(b) = stream.try_next().await? {
+            collect_positions(path, &b, &mut out)?;
+        }
+        return Ok(out);
+    }
     let builder = open(file_io, path, OpenOptions::default(), Arc::default()).await?;
     let schema = builder.schema().clone();
     let find = |id: i32, name: &str| {
@@ -305,18 +349,29 @@ pub async fn read_position_deletes(file_io: &FileIO, path: &str) -> Result<HashM
     let mut stream = builder.with_projection(mask).build().map_err(|e| Error::data(path, e))?;
     let mut out: HashMap<String, RoaringTreemap> = HashMap::new();
     while let Some(b) = stream.try_next().await.map_err(|e| Error::data(path, e))? {
-        let paths = arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8)?;
-        let paths = paths.as_any().downcast_ref::<StringArray>().unwrap();
-        let pos = arrow_cast::cast(b.column(1), &arrow_schema::DataType::Int64)?;
-        let pos = pos.as_any().downcast_ref::<Int64Array>().unwrap();
-        for i in 0..b.num_rows() {
-            if paths.is_null(i) || pos.is_null(i) {
-                return Err(Error::data(path, "position-delete row with a null file_path or pos"));
-            }
-            out.entry(paths.value(i).to_string()).or_default().insert(pos.value(i) as u64);
-        }
+        collect_positions(path, &b, &mut out)?;
     }
     Ok(out)
+}
+
+/// A field of a projection target, with its field id.
+fn projection_field(id: i32, name: &str, dt: DataType) -> Field {
+    Field::new(name, dt, true).with_metadata(HashMap::from([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())]))
+}
+
+/// Adds the (file_path, pos) rows of a position-delete batch to `out`.
+fn collect_positions(path: &str, b: &RecordBatch, out: &mut HashMap<String, RoaringTreemap>) -> Result<()> {
+    let paths = arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8)?;
+    let paths = paths.as_any().downcast_ref::<StringArray>().ok_or_else(|| Error::data(path, "file_path is not a string column"))?;
+    let pos = arrow_cast::cast(b.column(1), &arrow_schema::DataType::Int64)?;
+    let pos = pos.as_any().downcast_ref::<Int64Array>().ok_or_else(|| Error::data(path, "pos is not a long column"))?;
+    for i in 0..b.num_rows() {
+        if paths.is_null(i) || pos.is_null(i) {
+            return Err(Error::data(path, "position-delete row with a null file_path or pos"));
+        }
+        out.entry(paths.value(i).to_string()).or_default().insert(pos.value(i) as u64);
+    }
+    Ok(())
 }
 
 /// A v3 deletion vector: the blob of a Puffin file at the entry's offset.
@@ -374,7 +429,7 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
     // equality deletes are held whole anyway (their keys), and read once per cached file: not gated
-    let mut stream = Box::pin(read_data_file(file_io, path, key_schema, None, false).await?);
+    let mut stream = read_data_file(file_io, path, entry.file.file_format(), key_schema, None, false).await?;
     while let Some(b) = stream.try_next().await? {
         let rows = conv.convert_columns(b.columns())?;
         for r in rows.iter() {
@@ -462,7 +517,7 @@ mod tests {
         let target = Arc::new(Schema::new(vec![arrow_schema::Field::new("v", arrow_schema::DataType::Int64, true)]));
         // rows in row groups 1 and 3 only, one page each, plus one past the end (ignored)
         let positions: RoaringTreemap = [20_005u64, 20_006, 20_999, 79_999, 80_000, 1 << 40].into_iter().collect();
-        let read = read_rows_at(&io, &path, target, None, Some(&positions)).await.unwrap();
+        let read = read_rows_at(&io, &path, DataFileFormat::Parquet, target, None, Some(&positions)).await.unwrap();
         assert_eq!(read.rows_in_file, 80_000);
         let batches: Vec<RecordBatch> = read.stream.try_collect().await.unwrap();
         let got: Vec<i64> = batches.iter().flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect();

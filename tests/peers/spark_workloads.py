@@ -39,10 +39,13 @@ def spark_session(warehouse, extra_catalogs=None, driver_memory="1g"):
     )
 
 
-def table_props(version, mode):
+def table_props(version, mode, fmt=None):
     props = {"format-version": str(version)}
     for op in ("delete", "update", "merge"):
         props[f"write.{op}.mode"] = mode
+    if fmt:
+        # data files, and (by default) position- and equality-delete files too
+        props["write.format.default"] = fmt
     return ", ".join(f"'{k}'='{v}'" for k, v in props.items())
 
 
@@ -56,12 +59,12 @@ def rows(start, end, day0=1):
     return ", ".join(vals)
 
 
-def workload(t, version, mode, keyed=True, partitioned=False):
-    """Statements for one table; `t` is the full table name."""
+def workload(t, version, mode, keyed=True, partitioned=False, fmt=None):
+    """Statements for one table; `t` is the full table name; `fmt` the file format (default Parquet)."""
     part = "PARTITIONED BY (bucket(4, id), days(ts))" if partitioned else ""
     stmts = [
         f"CREATE TABLE {t} (id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), ts TIMESTAMP, cat STRING) "
-        f"USING iceberg {part} TBLPROPERTIES ({table_props(version, mode)})",
+        f"USING iceberg {part} TBLPROPERTIES ({table_props(version, mode, fmt)})",
     ]
     if keyed:
         stmts.append(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")

@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(f.record_count(), 4);
         assert_eq!(f.content_type(), DataContentType::PositionDeletes);
         assert_eq!(f.referenced_data_file(), None, "two data files: no single reference");
-        let back = reader::read_position_deletes(&io, &path).await.unwrap();
+        let back = reader::read_position_deletes(&io, &path, DataFileFormat::Parquet).await.unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back["/t/data/a.parquet"], d["/t/data/a.parquet"]);
     }

@@ -139,7 +139,7 @@ impl Lookup<'_> {
         let io = self.table.file_io();
         let state = FileDeletes::load(io, cache, &data, deletes, schema, -1).await?;
         let conv = self.converter()?;
-        let mut stream = Box::pin(reader::read_data_file(io, data.path(), schema.clone(), None, false).await?);
+        let mut stream = reader::read_data_file(io, data.path(), data.file.file_format(), schema.clone(), None, false).await?;
         let mut positions = RoaringTreemap::new();
         let mut at = 0u64;
         while let Some(batch) = stream.try_next().await? {

@@ -47,7 +47,7 @@ pub(super) async fn diff_file(
         if changed.is_empty() {
             return Ok(FileRead { rows: 0, bytes });
         }
-        let read = reader::read_rows_at(file_io, f.path(), schema, Some(&shared.gate), Some(&changed)).await?;
+        let read = reader::read_rows_at(file_io, f.path(), f.file.file_format(), schema, Some(&shared.gate), Some(&changed)).await?;
         check_rows(f, read.rows_in_file)?;
         let mut stream = Box::pin(read.stream);
         let mut positions = changed.iter().take_while(|p| *p < read.rows_in_file);
@@ -66,7 +66,7 @@ pub(super) async fn diff_file(
     }
     // without delete files (whose key encoding wants plain strings)
     let views = views && job.before.1.is_empty() && job.after.1.is_empty();
-    let mut stream = Box::pin(reader::read_data_file(file_io, f.path(), schema, Some(&shared.gate), views).await?);
+    let mut stream = reader::read_data_file(file_io, f.path(), f.file.file_format(), schema, Some(&shared.gate), views).await?;
     let mut offset = 0u64;
     while let Some(batch) = stream.try_next().await? {
         let at = At::From(offset);
@@ -109,7 +109,7 @@ pub(super) async fn changed_by_equality(
     let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
     let keys: SchemaRef = Arc::new(schema.project(&cols)?);
     let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
-    let read = reader::read_rows_at(&shared.file_io, f.path(), keys, Some(&shared.gate), None).await?;
+    let read = reader::read_rows_at(&shared.file_io, f.path(), f.file.file_format(), keys, Some(&shared.gate), None).await?;
     let mut stream = Box::pin(read.stream);
     let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
     while let Some(batch) = stream.try_next().await? {

@@ -35,7 +35,7 @@ pub(super) async fn load_state(
                 let m = match cached {
                     Some(m) => m,
                     None => {
-                        let m = Arc::new(reader::read_position_deletes(file_io, d.path()).await?);
+                        let m = Arc::new(reader::read_position_deletes(file_io, d.path(), d.file.file_format()).await?);
                         cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(d.path().to_string(), m.clone());
                         m
                     }

@@ -1,0 +1,135 @@
+//! ORC data files (orc-rust), read through ranged reads of the table's storage a stripe at a time.
+//!
+//! Field ids: orc-rust decodes the footer but keeps no type attributes, so the footer is decoded once more here
+//! (postscript → footer, decompressed with the file's codec) for the `iceberg.id` attribute of every type; the
+//! decoded Arrow schema is walked beside the ORC type tree (struct children, list element, map key and value, in
+//! type order) to put each id on its field. Timestamps are decoded to microseconds, Iceberg's unit.
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, FieldRef};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use iceberg::io::{FileIO, FileRead};
+use orc_rust::compression::{Compression, Decompressor};
+use orc_rust::proto;
+use orc_rust::reader::AsyncChunkReader;
+use orc_rust::{ArrowReaderBuilder, TimestampPrecision};
+use prost::Message;
+
+use super::{relabel_batch, schema_of, with_id, Opened};
+use crate::error::{Error, Result};
+use crate::source::reader::BATCH_SIZE;
+
+/// The attribute Iceberg's ORC writer puts the field id in.
+const ID_ATTRIBUTE: &str = "iceberg.id";
+
+/// Ranged reads of one file, counted.
+struct Chunks {
+    input: Arc<dyn FileRead>,
+    len: u64,
+    fetched: Arc<AtomicU64>,
+}
+
+impl AsyncChunkReader for Chunks {
+    fn len(&mut self) -> BoxFuture<'_, std::io::Result<u64>> {
+        let len = self.len;
+        async move { Ok(len) }.boxed()
+    }
+
+    fn get_bytes(&mut self, offset: u64, length: u64) -> BoxFuture<'_, std::io::Result<Bytes>> {
+        let input = self.input.clone();
+        self.fetched.fetch_add(length, Ordering::Relaxed);
+        async move { input.read(offset..offset + length).await.map_err(|e| std::io::Error::other(e.to_string())) }.boxed()
+    }
+}
+
+pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
+    let err = |e: &dyn std::fmt::Display| Error::data(path, e);
+    let input = file_io.new_input(path).map_err(|e| err(&e))?;
+    let len = input.metadata().await.map_err(|e| missing_or(path, e))?.size;
+    let input: Arc<dyn FileRead> = Arc::from(input.reader().await.map_err(|e| err(&e))?);
+    let fetched = Arc::new(AtomicU64::new(0));
+    let chunks = Chunks { input: input.clone(), len, fetched: fetched.clone() };
+    let builder = ArrowReaderBuilder::try_new_async(chunks).await.map_err(|e| err(&format!("not a readable ORC file: {e}")))?;
+    let rows = builder.file_metadata().number_of_rows();
+    let ids = type_ids(input.as_ref(), len, builder.file_metadata().compression()).await.map_err(|e| err(&e))?;
+    let builder = builder.with_batch_size(BATCH_SIZE).with_timestamp_precision(TimestampPrecision::Microsecond);
+    let decoded = builder.schema();
+    let fields: Vec<FieldRef> = {
+        let root = ids.first().map(|t| t.1.clone()).unwrap_or_default();
+        decoded.fields().iter().zip(root).map(|(f, child)| Arc::new(assign(f, child as usize, &ids))).collect()
+    };
+    let schema = schema_of(fields, decoded.metadata().clone());
+    let path_owned = path.to_string();
+    let stream = builder
+        .build_async()
+        .map(move |b| {
+            let b = b.map_err(|e| Error::data(&path_owned, e))?;
+            relabel_batch(&b, &schema)
+        })
+        .boxed();
+    Ok(Opened { stream, rows, fetched })
+}
+
+fn missing_or(path: &str, e: iceberg::Error) -> Error {
+    if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
+        Error::MissingFile { path: path.to_string() }
+    } else {
+        Error::data(path, e)
+    }
+}
+
+/// `f` and its nested fields with the ids of ORC type `ty` and its subtypes; `types` holds (id, subtypes) per type.
+fn assign(f: &Field, ty: usize, types: &[(Option<i32>, Vec<u32>)]) -> Field {
+    let Some((id, subtypes)) = types.get(ty) else { return f.clone() };
+    let child = |i: usize, f: &Field| -> FieldRef { Arc::new(subtypes.get(i).map(|t| assign(f, *t as usize, types)).unwrap_or_else(|| f.clone())) };
+    let dt = match f.data_type() {
+        DataType::Struct(fs) => DataType::Struct(fs.iter().enumerate().map(|(i, c)| child(i, c)).collect()),
+        DataType::List(e) => DataType::List(child(0, e)),
+        DataType::LargeList(e) => DataType::LargeList(child(0, e)),
+        DataType::Map(entries, sorted) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => {
+                let kv = vec![child(0, &kv[0]), child(1, &kv[1])];
+                DataType::Map(Arc::new(entries.as_ref().clone().with_data_type(DataType::Struct(kv.into()))), *sorted)
+            }
+            _ => f.data_type().clone(),
+        },
+        other => other.clone(),
+    };
+    with_id(f.clone().with_data_type(dt), *id)
+}
+
+/// Every type of the file's footer: its `iceberg.id` and its subtypes, by type index (0 is the root struct).
+async fn type_ids(input: &dyn FileRead, len: u64, compression: Option<Compression>) -> std::result::Result<Vec<(Option<i32>, Vec<u32>)>, String> {
+    let tail_len = len.min(16 * 1024);
+    let tail = input.read(len - tail_len..len).await.map_err(|e| e.to_string())?;
+    let ps_len = *tail.last().ok_or("empty file")? as u64;
+    if ps_len + 1 > tail_len {
+        return Err("postscript longer than the file".into());
+    }
+    let ps_start = (tail_len - 1 - ps_len) as usize;
+    let ps = proto::PostScript::decode(&tail[ps_start..tail.len() - 1]).map_err(|e| format!("postscript: {e}"))?;
+    let footer_len = ps.footer_length();
+    let footer_end = len - 1 - ps_len;
+    let footer_start = footer_end.checked_sub(footer_len).ok_or("footer longer than the file")?;
+    let footer = if footer_start >= len - tail_len {
+        let off = (footer_start - (len - tail_len)) as usize;
+        tail.slice(off..off + footer_len as usize)
+    } else {
+        input.read(footer_start..footer_end).await.map_err(|e| e.to_string())?
+    };
+    let mut raw = Vec::new();
+    Decompressor::new(footer, compression, Vec::new()).read_to_end(&mut raw).map_err(|e| format!("footer: {e}"))?;
+    let footer = proto::Footer::decode(raw.as_slice()).map_err(|e| format!("footer: {e}"))?;
+    Ok(footer
+        .types
+        .iter()
+        .map(|t| {
+            let id = t.attributes.iter().find(|a| a.key() == ID_ATTRIBUTE).and_then(|a| a.value().parse().ok());
+            (id, t.subtypes.clone())
+        })
+        .collect())
+}
