@@ -141,8 +141,9 @@ pub fn delete_applies(delete: &FileEntry, data: &FileEntry) -> bool {
             }
             match delete.file.referenced_data_file() {
                 Some(r) => r == data.path(),
-                // A v2 position-delete file may hold several data files: same partition, checked by path later.
-                None => delete.spec_id == data.spec_id && delete.partition() == data.partition(),
+                // A v2 position-delete file may hold several data files: same partition, within the bounds of its
+                // `file_path` column, checked by path later.
+                None => delete.spec_id == data.spec_id && delete.partition() == data.partition() && path_within_bounds(&delete.file, data.path()),
             }
         }
         DataContentType::EqualityDeletes => {
@@ -152,6 +153,16 @@ pub fn delete_applies(delete: &FileEntry, data: &FileEntry) -> bool {
         }
         DataContentType::Data => false,
     }
+}
+
+/// Whether `path` lies within the bounds of a position-delete file's `file_path` column (true when it has none).
+/// Truncated bounds stay bounds: the lower one is a prefix, the upper one rounded up.
+fn path_within_bounds(delete: &DataFile, path: &str) -> bool {
+    let id = crate::spec::POS_DELETE_FILE_PATH_ID;
+    let p = iceberg::spec::Datum::string(path);
+    let below = delete.lower_bounds().get(&id).is_some_and(|lo| p.partial_cmp(lo) == Some(Ordering::Less));
+    let above = delete.upper_bounds().get(&id).is_some_and(|hi| p.partial_cmp(hi) == Some(Ordering::Greater));
+    !(below || above)
 }
 
 /// Whether an equality-delete file can match a row of a data file, judged by the column bounds and null counts of
@@ -200,6 +211,29 @@ mod tests {
             b.equality_ids(Some(vec![1]));
         }
         b.build().unwrap()
+    }
+
+    #[test]
+    fn a_position_delete_file_applies_only_within_its_file_path_bounds() {
+        let id = crate::spec::POS_DELETE_FILE_PATH_ID;
+        let entry = |file: DataFile, seq| FileEntry { file, seq, spec_id: 0, unpartitioned: true };
+        let mut b = DataFileBuilder::default();
+        b.content(DataContentType::PositionDeletes)
+            .file_path("d.parquet".to_string())
+            .file_format(DataFileFormat::Parquet)
+            .record_count(2)
+            .file_size_in_bytes(10)
+            .lower_bounds(HashMap::from([(id, Datum::string("s3://b/t/data/c.parquet"))]))
+            .upper_bounds(HashMap::from([(id, Datum::string("s3://b/t/data/f.parquet"))]));
+        let del = entry(b.build().unwrap(), 5);
+        let data = |p: &str| {
+            let mut b = DataFileBuilder::default();
+            b.content(DataContentType::Data).file_path(p.to_string()).file_format(DataFileFormat::Parquet).record_count(1).file_size_in_bytes(1);
+            entry(b.build().unwrap(), 1)
+        };
+        assert!(delete_applies(&del, &data("s3://b/t/data/c.parquet")) && delete_applies(&del, &data("s3://b/t/data/e.parquet")));
+        assert!(delete_applies(&del, &data("s3://b/t/data/f.parquet")));
+        assert!(!delete_applies(&del, &data("s3://b/t/data/a.parquet")) && !delete_applies(&del, &data("s3://b/t/data/g.parquet")));
     }
 
     #[test]

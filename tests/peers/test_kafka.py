@@ -327,7 +327,8 @@ def test_fan_out_iceberg_and_kafka_from_one_read(spark, spark_tables, warehouse,
 def test_service_fan_out(spark, warehouse, kafka, tmp_path):
     topic = f"svcfan-{uuid.uuid4().hex[:8]}"
     src = keyed_table(spark, "fan_src", "(1, 'a'), (2, 'b'), (3, 'c')", ", 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read'")
-    iceberg = '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\n\n'
+    # the Iceberg sink deletes by position (no equality deletes) beside the Kafka sink
+    iceberg = '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\ndelete_mode = "position"\n\n'
     svc = service_config(tmp_path, warehouse, "svcfan", "fan_src", iceberg + kafka_sink(kafka, topic, format="debezium"))
     log = open(tmp_path / "svc.log", "w")
     p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
@@ -346,6 +347,8 @@ def test_service_fan_out(spark, warehouse, kafka, tmp_path):
     assert rc == 0, text[-2000:]
     assert "sink=iceberg:fan.svc_replica+kafka:" in text, "one loop for both sinks"
     assert spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src)
+    contents = {r.content for r in spark.sql(f"SELECT content FROM {CAT}.fan.svc_replica.all_delete_files").collect()}
+    assert contents == {1}, f"position deletes only, and some: {contents}"
     assert {k: v["v"] for k, v in state.items()} == {key_of({"id": 1}): "a2", key_of({"id": 3}): "c", key_of({"id": 4}): "d"}
 
 
