@@ -33,6 +33,10 @@ enum Cmd {
     Run {
         #[arg(long)]
         config: PathBuf,
+        /// `i/N`: run only this instance's share of the pipelines (overrides `service.shard`), e.g. the ordinal of a
+        /// Kubernetes StatefulSet pod: `--shard "${HOSTNAME##*-}/3"`.
+        #[arg(long)]
+        shard: Option<String>,
     },
     /// Validate a service file and reach every catalog and table; one line per pipeline.
     Check {
@@ -355,8 +359,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Quickstart { dir, changes_only } => {
             iceberg_cdc::quickstart::run(&dir, changes_only).await?;
         }
-        Cmd::Run { config } => {
-            iceberg_cdc::service::run(&config, None).await?;
+        Cmd::Run { config, shard } => {
+            let shard = match shard.as_deref().map(iceberg_cdc::service::Shard::parse) {
+                None => None,
+                Some(Ok(s)) => Some(s),
+                Some(Err(e)) => return Err(Error::Config(vec![format!("--shard: {e}")]).into()),
+            };
+            iceberg_cdc::service::run(&config, shard, None).await?;
         }
         Cmd::Check { config } => {
             if !iceberg_cdc::service::check(&config).await? {

@@ -1758,3 +1758,60 @@ async fn position_mode_deletes_each_row_where_it_is_now() {
         assert!(contents.iter().all(|c| *c == iceberg::spec::DataContentType::PositionDeletes), "{table}: {contents:?}");
     }
 }
+
+/// Two services started with one file's pipelines and `--shard 0/2` / `--shard 1/2`: each starts exactly the
+/// pipelines its shard owns (the split the library computes; both get some), together they run every one — all six
+/// targets catch up with the source and follow a later commit — and a bad `--shard` is a config error.
+#[tokio::test(flavor = "multi_thread")]
+async fn shards_split_the_pipelines_of_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let names: Vec<(String, String)> = (0..6).map(|i| (format!("p{i}"), format!("replica.t{i}"))).collect();
+    let pipelines: Vec<(&str, &str, &str)> = names.iter().map(|(n, t)| (n.as_str(), quickstart::TABLE, t.as_str())).collect();
+    let mut children = Vec::new();
+    for i in 0..2u64 {
+        let cfg = dir.path().join(format!("s{i}.toml"));
+        std::fs::write(&cfg, service_toml(&wh, &tw, free_port(), &pipelines)).unwrap();
+        let child = Command::new(CDC)
+            .args(["run", "--config", cfg.to_str().unwrap(), "--shard", &format!("{i}/2")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(format!("s{i}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        children.push(child);
+    }
+    let log = |i: usize| std::fs::read_to_string(dir.path().join(format!("s{i}.log"))).unwrap_or_default();
+    let mut ok = true;
+    for (_, t) in &names {
+        ok &= wait_caught_up(&tw, t, &catalog, 60).await;
+    }
+    let t2 = quickstart::commit_changes(&catalog, &table, &[(900, "late", 9)], &[1]).await.unwrap();
+    for (_, t) in &names {
+        ok &= wait_caught_up(&tw, t, &catalog, 60).await;
+    }
+    for c in &children {
+        signal(c, libc::SIGTERM);
+    }
+    for (i, c) in children.iter_mut().enumerate() {
+        wait_exit(c, 15, || log(i));
+    }
+    assert!(ok, "not every target caught up:\n{}\n{}", log(0), log(1));
+    let mut owned_counts = Vec::new();
+    for i in 0..2u64 {
+        let shard = iceberg_cdc::service::Shard { index: i, count: 2 };
+        let text = log(i as usize);
+        let owned: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).filter(|n| shard.owns(n)).collect();
+        for (n, _) in &names {
+            let started = text.lines().any(|l| l.contains("pipeline started") && l.contains(&format!("pipeline={n} ")));
+            assert_eq!(started, owned.contains(&n.as_str()), "shard {i}/2 and pipeline {n}:\n{text}");
+        }
+        assert!(text.contains(&format!("pipelines={} ", owned.len())) && text.contains("shard="), "{text}");
+        owned_counts.push(owned.len());
+    }
+    assert_eq!(owned_counts.iter().sum::<usize>(), 6);
+    assert!(owned_counts.iter().all(|&c| c > 0), "both shards own pipelines: {owned_counts:?}");
+    assert_eq!(t2.metadata().current_snapshot_id(), catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id());
+    let bad = cdc(&["run", "--config", dir.path().join("s0.toml").to_str().unwrap(), "--shard", "2/2"]);
+    assert_eq!(code(&bad), exit::CONFIG, "{}", String::from_utf8_lossy(&bad.stderr));
+}

@@ -46,6 +46,49 @@ pub struct ServiceSettings {
     /// stops being fed and `/healthz` fails, so systemd restarts the service.
     #[serde(default = "default_stall", with = "humantime_serde")]
     pub stall_timeout: Duration,
+    /// `"i/N"`: this instance runs only the pipelines whose name hashes to `i` modulo `N` (see [`Shard`]); `cdc run
+    /// --shard` overrides it. Every instance of a set gets the same file and its own `i`.
+    pub shard: Option<String>,
+}
+
+/// A static share of a service file's pipelines: instance `index` of `count` runs the pipelines whose name's
+/// FNV-1a 64-bit hash is `index` modulo `count`. The hash is fixed (not Rust's randomized one), so every instance,
+/// on every machine and version, splits the same file the same way; adding a pipeline never moves the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This instance's share, from 0.
+    pub index: u64,
+    /// How many instances share the file.
+    pub count: u64,
+}
+
+impl Shard {
+    /// Parses `"i/N"` (0 ≤ i < N).
+    pub fn parse(s: &str) -> std::result::Result<Shard, String> {
+        let bad = || format!("`{s}` — give \"i/N\": this instance's number i (from 0) of N instances");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count): (u64, u64) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Whether this instance runs `pipeline`.
+    pub fn owns(&self, pipeline: &str) -> bool {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in pipeline.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h % self.count == self.index
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
 }
 
 impl Default for ServiceSettings {
@@ -55,6 +98,7 @@ impl Default for ServiceSettings {
             poll_interval: default_poll(),
             shutdown_timeout: default_shutdown(),
             stall_timeout: default_stall(),
+            shard: None,
         }
     }
 }
@@ -148,6 +192,9 @@ impl ServiceConfig {
         if self.service.poll_interval < MIN_POLL_INTERVAL {
             p.push("service.poll_interval: below the 100ms minimum".into());
         }
+        if let Some(Err(e)) = self.service.shard.as_deref().map(Shard::parse) {
+            p.push(format!("service.shard: {e}"));
+        }
         for (name, c) in &self.catalogs {
             c.validate(&format!("catalogs.{name}"), &mut p);
         }
@@ -189,6 +236,16 @@ impl ServiceConfig {
             }
         }
         p
+    }
+
+    /// The runs of the pipelines `shard` owns (all without one). Call after [`Self::validate`] passed.
+    pub fn owned_runs(&self, shard: Option<Shard>) -> Vec<Run> {
+        self.runs().into_iter().filter(|r| shard.is_none_or(|s| s.owns(&r.pipeline))).collect()
+    }
+
+    /// The shard this file configures (`service.shard`). Call after [`Self::validate`] passed.
+    pub fn shard(&self) -> Option<Shard> {
+        self.service.shard.as_deref().and_then(|s| Shard::parse(s).ok())
     }
 
     /// Every (pipeline, sink) pair with its catalogs resolved. Call after [`Self::validate`] passed.
@@ -288,6 +345,26 @@ type = "iceberg"
 catalog = "replica"
 table = "r.items"
 "#;
+
+    #[test]
+    fn shards_split_pipelines_stably_and_completely() {
+        assert_eq!(Shard::parse("1/3"), Ok(Shard { index: 1, count: 3 }));
+        for bad in ["3/3", "1", "a/2", "0/0", "-1/2"] {
+            assert!(Shard::parse(bad).is_err(), "{bad}");
+        }
+        let names: Vec<String> = (0..300).map(|i| format!("orders_{i}")).collect();
+        let shards: Vec<Shard> = (0..3).map(|i| Shard { index: i, count: 3 }).collect();
+        let mut per = [0usize; 3];
+        for n in &names {
+            let owners: Vec<usize> = (0..3).filter(|&i| shards[i].owns(n)).collect();
+            assert_eq!(owners.len(), 1, "{n} has exactly one owner");
+            per[owners[0]] += 1;
+        }
+        assert!(per.iter().all(|&c| c > 70), "roughly even: {per:?}");
+        // fixed hash: the same split on every machine and version
+        assert!(Shard { index: 0, count: 1 }.owns("anything"));
+        assert_eq!((0..3).find(|&i| shards[i].owns("orders")), Some(1), "FNV-1a(\"orders\") % 3");
+    }
 
     #[test]
     fn runs_resolve_catalogs_and_defaults() {

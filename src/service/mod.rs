@@ -38,6 +38,7 @@ use crate::pipeline;
 use crate::sink::iceberg::progress;
 use crate::sink::Sink;
 use crate::spec::lineage;
+pub use config::Shard;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
 
@@ -54,8 +55,10 @@ struct Running {
 }
 
 /// Runs the service until SIGTERM/SIGINT (or `external_stop`, for embedding it, e.g. the quickstart).
-pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> Result<()> {
+pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<watch::Receiver<bool>>) -> Result<()> {
     let cfg = ServiceConfig::load(path)?;
+    // the command line's shard wins over the file's (one file for every instance of a set)
+    let shard = cli_shard.or(cfg.shard());
     let telemetry = Telemetry::new();
     let settings = cfg.service.clone();
     if settings.metrics_address != "off" {
@@ -70,11 +73,13 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
     }
     let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
     let mut started = 0;
-    for r in cfg.runs() {
+    for r in cfg.owned_runs(shard) {
         started += usize::from(start(&mut running, r, &telemetry));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    tracing::info!(pipelines = cfg.pipelines.len(), loops = running.len(), started, config = %path.display(), "cdc service ready");
+    let owned = cfg.pipelines.iter().filter(|p| shard.is_none_or(|s| s.owns(&p.name))).count();
+    let shard_label = shard.map(|s| s.to_string()).unwrap_or_else(|| "all".into());
+    tracing::info!(pipelines = owned, loops = running.len(), started, configured = cfg.pipelines.len(), shard = %shard_label, config = %path.display(), "cdc service ready");
     // loops behind their schedule at the last tick, and why
     let mut overdue = BTreeMap::new();
 
@@ -114,7 +119,8 @@ pub async fn run(path: &Path, external_stop: Option<watch::Receiver<bool>>) -> R
                     Err(e) => tracing::error!(error = %e, "reload refused; the running configuration stays"),
                     Ok(new) => {
                         settings = new.service.clone();
-                        reload(&mut running, new.runs(), &telemetry).await;
+                        let shard = cli_shard.or(new.shard());
+                        reload(&mut running, new.owned_runs(shard), &telemetry).await;
                         tracing::info!(loops = running.len(), "configuration reloaded");
                     }
                 }
