@@ -1,4 +1,6 @@
-//! Avro data files (arrow-avro), decoded from the file's bytes in memory.
+//! Avro data files (arrow-avro), decoded batch by batch from the file's bytes in memory (the file, not its decoded
+//! rows, is held). The row count comes first from the container's block headers (a count and a size each), without
+//! decoding.
 //!
 //! Field ids: arrow-avro keeps no field attributes, so the writer schema in the file's header (`avro.schema`) is
 //! walked beside the decoded Arrow schema: a record field's `field-id`, an array's `element-id`, a map's `key-id`
@@ -27,6 +29,7 @@ pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
         }
     })?;
     let fetched = Arc::new(AtomicU64::new(bytes.len() as u64));
+    let rows = count_rows(&bytes).map_err(|e| err(&format!("not a readable Avro file: {e}")))?;
     let reader = arrow_avro::reader::ReaderBuilder::new()
         .with_batch_size(BATCH_SIZE)
         .build(std::io::Cursor::new(bytes))
@@ -40,14 +43,61 @@ pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let record = non_null(&writer);
     let fields: Vec<FieldRef> = decoded.fields().iter().map(|f| Arc::new(field_of_record(f, record))).collect();
     let schema = schema_of(fields, decoded.metadata().clone());
-    let mut batches = Vec::new();
+    let path = path.to_string();
+    // decoded lazily, a batch per poll (a few milliseconds of work)
+    let stream =
+        futures::stream::iter(reader).map(move |b| -> Result<RecordBatch> { relabel_batch(&b.map_err(|e| Error::data(&path, e))?, &schema) });
+    Ok(Opened { stream: stream.boxed(), rows, fetched })
+}
+
+/// The rows of an Avro object container file: the sum of its blocks' counts. Each block is a zig-zag varint count,
+/// a zig-zag varint byte size, the data and a 16-byte sync marker.
+fn count_rows(bytes: &[u8]) -> std::result::Result<u64, String> {
+    let header = arrow_avro::reader::read_header_info(std::io::Cursor::new(bytes)).map_err(|e| e.to_string())?;
+    let mut at = header.header_len() as usize;
     let mut rows = 0u64;
-    for b in reader {
-        let b = relabel_batch(&b.map_err(|e| err(&e))?, &schema)?;
-        rows += b.num_rows() as u64;
-        batches.push(Ok::<RecordBatch, Error>(b));
+    while at < bytes.len() {
+        let count = varint(bytes, &mut at)?;
+        let size = varint(bytes, &mut at)?;
+        if count < 0 || size < 0 {
+            return Err(format!("a block header at byte {at} is negative"));
+        }
+        rows += count as u64;
+        at = at.checked_add(size as usize + 16).filter(|&a| a <= bytes.len()).ok_or("a block runs past the end of the file")?;
     }
-    Ok(Opened { stream: futures::stream::iter(batches).boxed(), rows, fetched })
+    Ok(rows)
+}
+
+/// A zig-zag varint (Avro's `long`) at `*at`, advancing past it.
+fn varint(bytes: &[u8], at: &mut usize) -> std::result::Result<i64, String> {
+    let (mut v, mut shift) = (0u64, 0u32);
+    loop {
+        let b = *bytes.get(*at).ok_or("a block header runs past the end of the file")?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(((v >> 1) as i64) ^ -((v & 1) as i64));
+        }
+        shift += 7;
+        if shift > 63 {
+            return Err("a varint longer than 10 bytes".into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zig_zag_varints_decode_as_avro_longs() {
+        for (bytes, want) in [(&[0x00][..], 0i64), (&[0x01], -1), (&[0x02], 1), (&[0xac, 0x02], 150), (&[0xff, 0xff, 0x03], -32768)] {
+            let mut at = 0;
+            assert_eq!(varint(bytes, &mut at), Ok(want), "{bytes:?}");
+            assert_eq!(at, bytes.len());
+        }
+        assert!(varint(&[0x80], &mut 0).is_err(), "cut short");
+    }
 }
 
 /// The member of a `["null", T]` union that is not null (the type itself otherwise).
