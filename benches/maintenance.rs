@@ -17,7 +17,8 @@
 //! time (load, scan, write, commit, maintenance). Prints Markdown, writes
 //! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
 //!
-//! `cargo bench --bench maintenance [-- --commits 2000 --every 100]`.
+//! `cargo bench --bench maintenance [-- --commits 2000 --every 100 --modes on,no-compaction,off,position --name maintenance]`
+//! (`position`: maintenance on, `delete_mode = "position"`).
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -159,13 +160,20 @@ async fn main() {
     let every = arg("--every", 100) as usize;
     let dir = tempfile::tempdir().unwrap();
     // (name, colour, target settings)
-    let modes = [
+    let all = [
         ("on", "#1b7f3b", "snapshot_retention = \"5s\"\nretain_snapshots = 10"),
         ("no compaction", "#d08000", "snapshot_retention = \"5s\"\nretain_snapshots = 10\ncompact = false"),
         ("off", "#b22", "merge_manifests = false\nexpire_snapshots = false\ncompact = false"),
+        ("position", "#2458b3", "snapshot_retention = \"5s\"\nretain_snapshots = 10\ndelete_mode = \"position\""),
     ];
+    // `--modes on,position` (names with `-` for spaces); default: the first three. `--name` names the result files.
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |f: &str| args.iter().position(|a| a == f).and_then(|i| args.get(i + 1)).cloned();
+    let chosen = flag("--modes").unwrap_or_else(|| "on,no-compaction,off".into());
+    let modes: Vec<_> = all.iter().filter(|(n, _, _)| chosen.split(',').any(|c| c == n.replace(' ', "-"))).collect();
+    let out_name = flag("--name").unwrap_or_else(|| "maintenance".into());
     let mut runs = Vec::new();
-    for (name, colour, extra) in modes {
+    for &(name, colour, extra) in modes {
         let (samples, secs) = run(dir.path(), &name.replace(' ', "-"), extra, commits, every).await;
         runs.push((name, colour, samples, secs));
     }
@@ -200,7 +208,7 @@ async fn main() {
             );
         }
     }
-    std::fs::write(results.join("maintenance.csv"), csv).unwrap();
+    std::fs::write(results.join(format!("{out_name}.csv")), csv).unwrap();
     let xr = (0.0, commits as f64);
     let charts: [Chart; 4] = [
         ("Manifests in the current snapshot", &|x| x.manifests as f64),
@@ -215,6 +223,6 @@ async fn main() {
         svg += &chart(title, "", &series, xr, (0.0, ymax), (430.0 * (k % 2) as f64, 250.0 * (k / 2) as f64));
     }
     svg += "</svg>\n";
-    std::fs::write(results.join("maintenance.svg"), svg).unwrap();
+    std::fs::write(results.join(format!("{out_name}.svg")), svg).unwrap();
     eprintln!("wrote {}", results.display());
 }
