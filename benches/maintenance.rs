@@ -178,7 +178,8 @@ async fn main() {
         runs.push((name, colour, samples, secs));
     }
 
-    println!("### {commits} streaming commits into a filesystem target: maintenance on, without compaction, off\n");
+    let mode_names: Vec<&str> = runs.iter().map(|r| r.0).collect();
+    println!("### {commits} streaming commits into a filesystem target: {}\n", mode_names.join(", "));
     let window = |v: &[f64], last: bool| if last { v[v.len().saturating_sub(100)..].to_vec() } else { v[..v.len().min(100)].to_vec() };
     let header: Vec<String> = runs.iter().map(|r| format!("{}: first 100 | {}: last 100", r.0, r.0)).collect();
     println!("| | {} |\n|---|{}", header.join(" | "), "---:|".repeat(2 * runs.len()));
