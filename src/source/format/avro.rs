@@ -85,21 +85,6 @@ fn varint(bytes: &[u8], at: &mut usize) -> std::result::Result<i64, String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zig_zag_varints_decode_as_avro_longs() {
-        for (bytes, want) in [(&[0x00][..], 0i64), (&[0x01], -1), (&[0x02], 1), (&[0xac, 0x02], 150), (&[0xff, 0xff, 0x03], -32768)] {
-            let mut at = 0;
-            assert_eq!(varint(bytes, &mut at), Ok(want), "{bytes:?}");
-            assert_eq!(at, bytes.len());
-        }
-        assert!(varint(&[0x80], &mut 0).is_err(), "cut short");
-    }
-}
-
 /// The member of a `["null", T]` union that is not null (the type itself otherwise).
 fn non_null(t: &Value) -> &Value {
     match t {
@@ -144,4 +129,19 @@ fn nested(f: &Field, t: &Value) -> Field {
         (other, _) => other.clone(),
     };
     f.clone().with_data_type(dt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zig_zag_varints_decode_as_avro_longs() {
+        for (bytes, want) in [(&[0x00][..], 0i64), (&[0x01], -1), (&[0x02], 1), (&[0xac, 0x02], 150), (&[0xff, 0xff, 0x03], -32768)] {
+            let mut at = 0;
+            assert_eq!(varint(bytes, &mut at), Ok(want), "{bytes:?}");
+            assert_eq!(at, bytes.len());
+        }
+        assert!(varint(&[0x80], &mut 0).is_err(), "cut short");
+    }
 }
