@@ -360,11 +360,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             iceberg_cdc::quickstart::run(&dir, changes_only).await?;
         }
         Cmd::Run { config, shard } => {
-            let shard = match shard.as_deref().map(iceberg_cdc::service::Shard::parse) {
-                None => None,
-                Some(Ok(s)) => Some(s),
-                Some(Err(e)) => return Err(Error::Config(vec![format!("--shard: {e}")]).into()),
-            };
+            let shard =
+                shard.as_deref().map(iceberg_cdc::service::Shard::parse).transpose().map_err(|e| Error::Config(vec![format!("--shard: {e}")]))?;
             iceberg_cdc::service::run(&config, shard, None).await?;
         }
         Cmd::Check { config } => {

@@ -77,7 +77,7 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
         started += usize::from(start(&mut running, r, &telemetry));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    let owned = cfg.pipelines.iter().filter(|p| shard.is_none_or(|s| s.owns(&p.name))).count();
+    let owned = running.keys().map(|(pipeline, _)| pipeline).collect::<std::collections::BTreeSet<_>>().len();
     let shard_label = shard.map(|s| s.to_string()).unwrap_or_else(|| "all".into());
     tracing::info!(pipelines = owned, loops = running.len(), started, configured = cfg.pipelines.len(), shard = %shard_label, config = %path.display(), "cdc service ready");
     // loops behind their schedule at the last tick, and why

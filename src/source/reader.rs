@@ -50,13 +50,7 @@ async fn open(
 ) -> Result<ParquetRecordBatchStreamBuilder<Box<dyn AsyncFileReader>>> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
-    let meta = input.metadata().await.map_err(|e| {
-        if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
-            Error::MissingFile { path: path.to_string() }
-        } else {
-            err(&e)
-        }
-    })?;
+    let meta = input.metadata().await.map_err(|e| opening_error(path, e))?;
     let reader = ArrowFileReader::new(meta, input.reader().await.map_err(|e| err(&e))?);
     let mut reader: Box<dyn AsyncFileReader> = Box::new(GatedReader { inner: reader, gate: opts.gate.cloned(), held: None, fetched });
     let options = if opts.page_index {
@@ -68,6 +62,16 @@ async fn open(
     let meta = ArrowReaderMetadata::load_async(&mut reader, options).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))?;
     let meta = if opts.views { with_string_views(meta) } else { meta };
     Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta))
+}
+
+/// A storage error opening `path`: [`Error::MissingFile`] when the file is not there (an expiry problem, explained
+/// by the scan), a data error otherwise.
+pub(crate) fn opening_error(path: &str, e: iceberg::Error) -> Error {
+    if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
+        Error::MissingFile { path: path.to_string() }
+    } else {
+        Error::data(path, e)
+    }
 }
 
 /// The file's top-level strings and binaries decoded as views ([`view_types`]); the plain types when the reader
@@ -321,35 +325,26 @@ pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
 
 pub use crate::spec::projection::relax;
 
-/// A v2 position-delete file: deleted positions per data file path.
+/// A v2 position-delete file (any format): deleted positions per data file path. Its `file_path` and `pos` columns
+/// are found by field id (by name in files without ids), like any projection.
 pub async fn read_position_deletes(file_io: &FileIO, path: &str, format: DataFileFormat) -> Result<HashMap<String, RoaringTreemap>> {
-    if format != DataFileFormat::Parquet {
-        let columns: SchemaRef = Arc::new(Schema::new(vec![
-            projection_field(POS_DELETE_FILE_PATH_ID, "file_path", DataType::Utf8),
-            projection_field(POS_DELETE_POS_ID, "pos", DataType::Int64),
-        ]));
-        let mut stream = read_data_file(file_io, path, format, columns, None, false).await?;
-        let mut out: HashMap<String, RoaringTreemap> = HashMap::new();
-        while let Some(b) = stream.try_next().await? {
-            collect_positions(path, &b, &mut out)?;
-        }
-        return Ok(out);
-    }
-    let builder = open(file_io, path, OpenOptions::default(), Arc::default()).await?;
-    let schema = builder.schema().clone();
-    let find = |id: i32, name: &str| {
-        schema
-            .fields()
-            .iter()
-            .position(|f| field_id(f) == Some(id) || f.name() == name)
-            .ok_or_else(|| Error::data(path, format!("position-delete file has no `{name}` column")))
-    };
-    let (pi, qi) = (find(POS_DELETE_FILE_PATH_ID, "file_path")?, find(POS_DELETE_POS_ID, "pos")?);
-    let mask = ProjectionMask::roots(builder.parquet_schema(), [pi, qi]);
-    let mut stream = builder.with_projection(mask).build().map_err(|e| Error::data(path, e))?;
+    let columns: SchemaRef = Arc::new(Schema::new(vec![
+        projection_field(POS_DELETE_FILE_PATH_ID, "file_path", DataType::Utf8),
+        projection_field(POS_DELETE_POS_ID, "pos", DataType::Int64),
+    ]));
+    let mut stream = read_data_file(file_io, path, format, columns, None, false).await?;
     let mut out: HashMap<String, RoaringTreemap> = HashMap::new();
-    while let Some(b) = stream.try_next().await.map_err(|e| Error::data(path, e))? {
-        collect_positions(path, &b, &mut out)?;
+    while let Some(b) = stream.try_next().await? {
+        // projected onto `columns`: the types are those
+        let (Some(paths), Some(pos)) = (b.column(0).as_any().downcast_ref::<StringArray>(), b.column(1).as_any().downcast_ref::<Int64Array>()) else {
+            return Err(Error::Internal("a projected position-delete batch has other types".into()));
+        };
+        for i in 0..b.num_rows() {
+            if paths.is_null(i) || pos.is_null(i) {
+                return Err(Error::data(path, "position-delete row with a null file_path or pos"));
+            }
+            out.entry(paths.value(i).to_string()).or_default().insert(pos.value(i) as u64);
+        }
     }
     Ok(out)
 }
@@ -357,21 +352,6 @@ pub async fn read_position_deletes(file_io: &FileIO, path: &str, format: DataFil
 /// A field of a projection target, with its field id.
 fn projection_field(id: i32, name: &str, dt: DataType) -> Field {
     Field::new(name, dt, true).with_metadata(HashMap::from([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())]))
-}
-
-/// Adds the (file_path, pos) rows of a position-delete batch to `out`.
-fn collect_positions(path: &str, b: &RecordBatch, out: &mut HashMap<String, RoaringTreemap>) -> Result<()> {
-    let paths = arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8)?;
-    let paths = paths.as_any().downcast_ref::<StringArray>().ok_or_else(|| Error::data(path, "file_path is not a string column"))?;
-    let pos = arrow_cast::cast(b.column(1), &arrow_schema::DataType::Int64)?;
-    let pos = pos.as_any().downcast_ref::<Int64Array>().ok_or_else(|| Error::data(path, "pos is not a long column"))?;
-    for i in 0..b.num_rows() {
-        if paths.is_null(i) || pos.is_null(i) {
-            return Err(Error::data(path, "position-delete row with a null file_path or pos"));
-        }
-        out.entry(paths.value(i).to_string()).or_default().insert(pos.value(i) as u64);
-    }
-    Ok(())
 }
 
 /// A v3 deletion vector: the blob of a Puffin file at the entry's offset.

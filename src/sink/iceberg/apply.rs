@@ -53,8 +53,8 @@ pub struct CommitWriter {
     lookup: Option<Wanted>,
     /// Positions to delete: data file → (positions, its partition).
     positions: BTreeMap<Arc<str>, (RoaringTreemap, Partition)>,
-    /// Target data files (not written by this commit) with positions to delete → the positions their deletes
-    /// already delete (a new deletion vector holds both).
+    /// v3: target data files (not written by this commit) with positions to delete → the positions their deletes
+    /// already delete (the new deletion vector holds both, and replaces theirs).
     deleted_before: HashMap<Arc<str>, RoaringTreemap>,
     file_partitions: HashMap<Arc<str>, Option<Struct>>,
     track_positions: bool,
@@ -294,8 +294,7 @@ impl CommitWriter {
         self.locate().await?;
         self.positions.retain(|_, (bm, _)| !bm.is_empty());
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
-        let is_v3 = self.table.metadata().format_version() >= FormatVersion::V3;
-        let replaced_deletes_of = if is_v3 { self.deleted_before.keys().map(|p| p.to_string()).collect() } else { Vec::new() };
+        let replaced_deletes_of = self.deleted_before.keys().map(|p| p.to_string()).collect();
         let CommitWriter { data, eq, mut stats, .. } = self;
         stats.files_closed_early = data.evicted();
         let data = data.finish().await?;
@@ -328,12 +327,15 @@ impl CommitWriter {
         let lookup = Lookup { table: &self.table, key_fields, nulls: wanted.nulls };
         let located = lookup.locate(&wanted.keys).await?;
         (self.stats.lookup_files_read, self.stats.lookup_rows_read) = (located.files_read, located.rows_read);
+        let vectors = self.table.metadata().format_version() >= FormatVersion::V3;
         for f in located.files {
             let path: Arc<str> = f.data.path().into();
             self.stats.position_deletes += f.positions.len();
             let part = Partition { spec_id: f.data.spec_id, value: f.data.partition().clone() };
             self.positions.entry(path.clone()).or_insert_with(|| (RoaringTreemap::new(), part)).0 |= f.positions;
-            self.deleted_before.insert(path, f.deleted);
+            if vectors {
+                self.deleted_before.insert(path, f.deleted);
+            }
         }
         Ok(())
     }

@@ -16,18 +16,12 @@ use serde_json::Value;
 
 use super::{relabel_batch, schema_of, with_id, Opened};
 use crate::error::{Error, Result};
-use crate::source::reader::BATCH_SIZE;
+use crate::source::reader::{opening_error, BATCH_SIZE};
 
 pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
-    let bytes = input.read().await.map_err(|e| {
-        if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
-            Error::MissingFile { path: path.to_string() }
-        } else {
-            err(&e)
-        }
-    })?;
+    let bytes = input.read().await.map_err(|e| opening_error(path, e))?;
     let fetched = Arc::new(AtomicU64::new(bytes.len() as u64));
     let rows = count_rows(&bytes).map_err(|e| err(&format!("not a readable Avro file: {e}")))?;
     let reader = arrow_avro::reader::ReaderBuilder::new()

@@ -1,7 +1,8 @@
 //! ORC data files (orc-rust), read through ranged reads of the table's storage a stripe at a time.
 //!
 //! Field ids: orc-rust decodes the footer but keeps no type attributes, so the footer is decoded once more here
-//! (postscript → footer, decompressed with the file's codec) for the `iceberg.id` attribute of every type; the
+//! (postscript → footer, decompressed with the file's codec) for the `iceberg.id` attribute of every type — from the
+//! tail bytes orc-rust fetched, kept by the reader, so the footer costs no second fetch; the
 //! decoded Arrow schema is walked beside the ORC type tree (struct children, list element, map key and value, in
 //! type order) to put each id on its field. Timestamps are decoded to microseconds, Iceberg's unit.
 use std::io::Read;
@@ -21,16 +22,18 @@ use prost::Message;
 
 use super::{relabel_batch, schema_of, with_id, Opened};
 use crate::error::{Error, Result};
-use crate::source::reader::BATCH_SIZE;
+use crate::source::reader::{opening_error, BATCH_SIZE};
 
 /// The attribute Iceberg's ORC writer puts the field id in.
 const ID_ATTRIBUTE: &str = "iceberg.id";
 
-/// Ranged reads of one file, counted.
+/// Ranged reads of one file, counted; the last range that ends at the file's end (the tail orc-rust reads for the
+/// footer) is kept.
 struct Chunks {
     input: Arc<dyn FileRead>,
     len: u64,
     fetched: Arc<AtomicU64>,
+    tail: Arc<std::sync::Mutex<Option<(u64, Bytes)>>>,
 }
 
 impl AsyncChunkReader for Chunks {
@@ -40,22 +43,31 @@ impl AsyncChunkReader for Chunks {
     }
 
     fn get_bytes(&mut self, offset: u64, length: u64) -> BoxFuture<'_, std::io::Result<Bytes>> {
-        let input = self.input.clone();
+        let (input, tail, at_end) = (self.input.clone(), self.tail.clone(), offset + length == self.len);
         self.fetched.fetch_add(length, Ordering::Relaxed);
-        async move { input.read(offset..offset + length).await.map_err(|e| std::io::Error::other(e.to_string())) }.boxed()
+        async move {
+            let bytes = input.read(offset..offset + length).await.map_err(|e| std::io::Error::other(e.to_string()))?;
+            if at_end {
+                *tail.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((offset, bytes.clone()));
+            }
+            Ok(bytes)
+        }
+        .boxed()
     }
 }
 
 pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);
     let input = file_io.new_input(path).map_err(|e| err(&e))?;
-    let len = input.metadata().await.map_err(|e| missing_or(path, e))?.size;
+    let len = input.metadata().await.map_err(|e| opening_error(path, e))?.size;
     let input: Arc<dyn FileRead> = Arc::from(input.reader().await.map_err(|e| err(&e))?);
     let fetched = Arc::new(AtomicU64::new(0));
-    let chunks = Chunks { input: input.clone(), len, fetched: fetched.clone() };
+    let tail = Arc::new(std::sync::Mutex::new(None));
+    let chunks = Chunks { input: input.clone(), len, fetched: fetched.clone(), tail: tail.clone() };
     let builder = ArrowReaderBuilder::try_new_async(chunks).await.map_err(|e| err(&format!("not a readable ORC file: {e}")))?;
     let rows = builder.file_metadata().number_of_rows();
-    let ids = type_ids(input.as_ref(), len, builder.file_metadata().compression()).await.map_err(|e| err(&e))?;
+    let tail = tail.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let ids = type_ids(input.as_ref(), len, tail, builder.file_metadata().compression()).await.map_err(|e| err(&e))?;
     let builder = builder.with_batch_size(BATCH_SIZE).with_timestamp_precision(TimestampPrecision::Microsecond);
     let decoded = builder.schema();
     let fields: Vec<FieldRef> = {
@@ -72,14 +84,6 @@ pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
         })
         .boxed();
     Ok(Opened { stream, rows, fetched })
-}
-
-fn missing_or(path: &str, e: iceberg::Error) -> Error {
-    if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
-        Error::MissingFile { path: path.to_string() }
-    } else {
-        Error::data(path, e)
-    }
 }
 
 /// `f` and its nested fields with the ids of ORC type `ty` and its subtypes; `types` holds (id, subtypes) per type.
@@ -102,10 +106,19 @@ fn assign(f: &Field, ty: usize, types: &[(Option<i32>, Vec<u32>)]) -> Field {
     with_id(f.clone().with_data_type(dt), *id)
 }
 
-/// Every type of the file's footer: its `iceberg.id` and its subtypes, by type index (0 is the root struct).
-async fn type_ids(input: &dyn FileRead, len: u64, compression: Option<Compression>) -> std::result::Result<Vec<(Option<i32>, Vec<u32>)>, String> {
-    let tail_len = len.min(16 * 1024);
-    let tail = input.read(len - tail_len..len).await.map_err(|e| e.to_string())?;
+/// Every type of the file's footer: its `iceberg.id` and its subtypes, by type index (0 is the root struct). `tail`:
+/// the file's last bytes from `offset` on, when already fetched.
+async fn type_ids(
+    input: &dyn FileRead,
+    len: u64,
+    tail: Option<(u64, Bytes)>,
+    compression: Option<Compression>,
+) -> std::result::Result<Vec<(Option<i32>, Vec<u32>)>, String> {
+    let tail = match tail {
+        Some((offset, bytes)) if offset + bytes.len() as u64 == len && !bytes.is_empty() => bytes,
+        _ => input.read(len - len.min(16 * 1024)..len).await.map_err(|e| e.to_string())?,
+    };
+    let tail_len = tail.len() as u64;
     let ps_len = *tail.last().ok_or("empty file")? as u64;
     if ps_len + 1 > tail_len {
         return Err("postscript longer than the file".into());
