@@ -13,7 +13,6 @@ Both targets are checked equal to the source by Spark. Prints Markdown tables fo
     .peers/venv/bin/python benches/delete_modes.py [--rows 1000000 10000000] [--runs 3] [--budget 256MiB]
 """
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -27,7 +26,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "peers"))
 sys.path.insert(0, HERE)
 import spark_workloads  # noqa: E402
-from sync_vs_spark import COLS, differs_from, jvm_stats, measured  # noqa: E402
+from sync_vs_spark import create_orders, differs_from, jvm_stats, measured, orders_rows, syncs_from_start  # noqa: E402
 
 CAT = spark_workloads.CAT
 MODES = ("equality", "position")
@@ -77,18 +76,8 @@ def pyiceberg_read(wh, mode, n, runs):
 
 def one_size(spark, wh, n, args):
     src = f"{CAT}.db.dm_{n}"
-    spark.sql(
-        f"CREATE TABLE {src} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
-        "USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='merge-on-read', "
-        "'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')"
-    )
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.range(0, n).selectExpr(
-        "id", "concat('customer-', lpad(cast(id % 100000 as string), 8, '0')) as customer",
-        "cast((id * 37 % 10000000) / 100 as decimal(12,2)) as amount",
-        "timestamp_micros(1700000000000000 + id * 1000) as updated_at", "cast(id % 97 as int) as quantity",
-        "element_at(array('new','paid','shipped','done'), cast(id % 4 as int) + 1) as status",
-    ).writeTo(src).append()
+    create_orders(spark, src, 2, "merge-on-read")
+    orders_rows(spark, 0, n).writeTo(src).append()
     s1 = spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id
     spark.sql(
         f"MERGE INTO {src} t USING (SELECT id, id % 200 = 1 AS del FROM range({n}) WHERE id % 200 IN (0, 1)) s ON t.id = s.id "
@@ -100,13 +89,7 @@ def one_size(spark, wh, n, args):
         boot = measured([args.cdc, "sync", "--config", cfg, "--to-snapshot", str(s1), "--json"])
         meta = os.path.join(wh, mode, f"dm_{n}", "metadata")
         shutil.copytree(meta, meta + ".start")
-        runs = []
-        for _ in range(args.runs):
-            shutil.rmtree(meta)
-            shutil.copytree(meta + ".start", meta)
-            wall, cpu, rss, stdout, _ = measured([args.cdc, "sync", "--config", cfg, "--json"])
-            runs.append((wall, cpu, rss, json.loads(stdout)))
-        runs.sort(key=lambda r: r[0])
+        runs = syncs_from_start(args.cdc, cfg, meta, args.runs)
         wall, cpu, _, summary = runs[len(runs) // 2]
         tgt = f"{CAT}.{mode}.dm_{n}"
         assert differs_from(spark, src, tgt) == 0, f"{mode} target differs from the source"

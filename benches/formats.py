@@ -20,7 +20,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "peers"))
 sys.path.insert(0, HERE)
 import spark_workloads  # noqa: E402
-from sync_vs_spark import measured  # noqa: E402
+from sync_vs_spark import create_orders, measured, orders_rows  # noqa: E402
 
 CAT = spark_workloads.CAT
 FORMATS = ("parquet", "orc", "avro")
@@ -28,18 +28,8 @@ FORMATS = ("parquet", "orc", "avro")
 
 def one_format(spark, wh, n, fmt, args):
     t = f"{CAT}.db.f_{fmt}"
-    spark.sql(
-        f"CREATE TABLE {t} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
-        f"USING iceberg PARTITIONED BY (bucket(8, id)) TBLPROPERTIES ('format-version'='2', 'write.format.default'='{fmt}', "
-        "'write.merge.mode'='merge-on-read', 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')"
-    )
-    spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
-    spark.range(0, n).selectExpr(
-        "id", "concat('customer-', lpad(cast(id % 100000 as string), 8, '0')) as customer",
-        "cast((id * 37 % 10000000) / 100 as decimal(12,2)) as amount",
-        "timestamp_micros(1700000000000000 + id * 1000) as updated_at", "cast(id % 97 as int) as quantity",
-        "element_at(array('new','paid','shipped','done'), cast(id % 4 as int) + 1) as status",
-    ).writeTo(t).append()
+    create_orders(spark, t, 2, "merge-on-read", buckets=8, fmt=fmt)
+    orders_rows(spark, 0, n).writeTo(t).append()
     snap = lambda: spark.sql(f"SELECT snapshot_id FROM {t}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id  # noqa: E731
     s1 = snap()
     spark.sql(

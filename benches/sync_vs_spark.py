@@ -91,20 +91,46 @@ def differs_from(spark, a, b):
     return spark.sql(f"SELECT {COLS} FROM {a} EXCEPT ALL SELECT {COLS} FROM {b}").count() + spark.sql(f"SELECT {COLS} FROM {b} EXCEPT ALL SELECT {COLS} FROM {a}").count()
 
 
-def one_size(spark, wh, n, args):
-    src = f"{CAT}.db.orders_{n}"
+def create_orders(spark, t, version, mode, buckets=16, fmt=None):
+    """The benches' `orders` table (`COLS`, keyed by `id`, `bucket(buckets, id)`), written in `mode` (copy-on-write /
+    merge-on-read) and file format `fmt` (default Parquet)."""
+    props = {"format-version": str(version), **{f"write.{op}.mode": mode for op in ("merge", "update", "delete")}}
+    if fmt:
+        props["write.format.default"] = fmt
+    tblprops = ", ".join(f"'{k}'='{v}'" for k, v in props.items())
     spark.sql(
-        f"CREATE TABLE {src} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
-        "USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='2', 'write.merge.mode'='copy-on-write', "
-        "'write.update.mode'='copy-on-write', 'write.delete.mode'='copy-on-write')"
+        f"CREATE TABLE {t} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
+        f"USING iceberg PARTITIONED BY (bucket({buckets}, id)) TBLPROPERTIES ({tblprops})"
     )
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    rows = lambda lo, hi: spark.range(lo, hi).selectExpr(  # noqa: E731
+    spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+
+
+def orders_rows(spark, lo, hi):
+    """Rows `lo..hi` of the `orders` table, as a DataFrame."""
+    return spark.range(lo, hi).selectExpr(
         "id", "concat('customer-', lpad(cast(id % 100000 as string), 8, '0')) as customer",
         "cast((id * 37 % 10000000) / 100 as decimal(12,2)) as amount",
         "timestamp_micros(1700000000000000 + id * 1000) as updated_at", "cast(id % 97 as int) as quantity",
         "element_at(array('new','paid','shipped','done'), cast(id % 4 as int) + 1) as status",
     )
+
+
+def syncs_from_start(cdc, cfg, meta, runs):
+    """`cdc sync --json` `runs` times, each from the target metadata saved beside `meta` (`meta`.start): (wall s,
+    CPU s, peak RSS MB, summary) per run, fastest first."""
+    out = []
+    for _ in range(runs):
+        shutil.rmtree(meta)
+        shutil.copytree(meta + ".start", meta)
+        wall, cpu, rss, stdout, _ = measured([cdc, "sync", "--config", cfg, "--json"])
+        out.append((wall, cpu, rss, json.loads(stdout)))
+    return sorted(out, key=lambda r: r[0])
+
+
+def one_size(spark, wh, n, args):
+    src = f"{CAT}.db.orders_{n}"
+    create_orders(spark, src, 2, "copy-on-write")
+    rows = lambda lo, hi: orders_rows(spark, lo, hi)  # noqa: E731
     rows(0, n).writeTo(src).append()
     s1 = spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id
     rows(n, n + n // 50).createOrReplaceTempView("new_rows")
@@ -126,13 +152,7 @@ def one_size(spark, wh, n, args):
     meta = os.path.join(wh, "cdc_target", f"orders_{n}", "metadata")
     shutil.copytree(meta, meta + ".start")
     time.sleep(2)  # let the JVM settle after the MERGE
-    runs = []
-    for _ in range(args.runs):
-        shutil.rmtree(meta)
-        shutil.copytree(meta + ".start", meta)
-        wall, cpu, rss, out, _ = measured([args.cdc, "sync", "--config", cfg, "--json"])
-        runs.append((wall, cpu, rss, json.loads(out)))
-    runs.sort(key=lambda r: r[0])
+    runs = syncs_from_start(args.cdc, cfg, meta, args.runs)
     cdc_wall, cdc_cpu, _, summary = runs[len(runs) // 2]
     cdc_rss = max(r[2] for r in runs)
 
@@ -182,12 +202,7 @@ def sparse_mor(spark, wh, n, src, s1, args):
     --baseline alternately, from the same restored start) against a raw scan of the files the DVs touch — what a
     whole-file diff has to read — and whether Spark's changelog view takes the range at all."""
     mor = f"{CAT}.db.mor_{n}"
-    spark.sql(
-        f"CREATE TABLE {mor} (id BIGINT NOT NULL, customer STRING, amount DECIMAL(12,2), updated_at TIMESTAMP, quantity INT, status STRING) "
-        "USING iceberg PARTITIONED BY (bucket(16, id)) TBLPROPERTIES ('format-version'='3', 'write.merge.mode'='merge-on-read', "
-        "'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read')"
-    )
-    spark.sql(f"ALTER TABLE {mor} SET IDENTIFIER FIELDS id")
+    create_orders(spark, mor, 3, "merge-on-read")
     spark.sql(f"INSERT INTO {mor} SELECT * FROM {src} VERSION AS OF {s1}")
     snap = lambda: spark.sql(f"SELECT snapshot_id FROM {mor}.snapshots ORDER BY committed_at").collect()[-1].snapshot_id  # noqa: E731
     m1 = snap()

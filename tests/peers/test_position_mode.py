@@ -5,15 +5,13 @@ after every step Spark and pyiceberg 0.12 both read the target equal to the sour
 lists an equality-delete file. Rows that moved (cdc's own compaction, Spark's `rewrite_data_files`, an update in
 an earlier commit) are deleted where they are now; SIGKILL and concurrent appliers leave the replica exact."""
 import random
-import signal
 import subprocess
-import time
 
 import pytest
 
 from conftest import CDC, run_cdc, spark_table, sqlite_metadata_location, target_section, write_config
 from spark_workloads import CAT
-from test_spark_sync import assert_replica, cols_at, lineage, pyiceberg_keys, source_cols, spark_maintenance, target_summaries
+from test_spark_sync import assert_replica, cols_at, kill_syncs_at_random, lineage, pyiceberg_keys, source_cols, spark_maintenance, target_summaries
 
 POSITION = 'delete_mode = "position"'
 
@@ -113,16 +111,7 @@ def test_position_mode_survives_sigkill(spark, spark_tables, warehouse, rest_cat
     table = f"pos_crash.{name}"
     section, tgt = target_section("sql", table, warehouse, rest_catalog, sql_target, f"{POSITION}\nformat_version = 3\nsnapshots_per_commit = 2")
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
-    snaps = lineage(spark, src)
-    kills = 0
-    for trial in range(30):
-        to = snaps[min(len(snaps) - 1, trial // 3)]
-        proc = subprocess.Popen([CDC, "sync", "--config", cfg, "--to-snapshot", str(to)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.0, 0.05))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait()
+    kills = kill_syncs_at_random(cfg, lineage(spark, src), 30, rng, 0.05)
     assert kills > 5, "the trials must really interrupt syncs"
     run_cdc("sync", "--config", cfg)
     assert_read_everywhere(spark, src, tgt, "sql", table, warehouse, rest_catalog, sql_target)

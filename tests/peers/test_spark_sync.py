@@ -300,22 +300,28 @@ def test_a_rewrite_of_millions_of_rows_in_one_group_runs_in_the_least_budget(spa
         assert (parts == 1) == one_pass and ("too large to match in memory" not in p.stderr) == one_pass, (budget, p.stderr[-1500:])
 
 
+def kill_syncs_at_random(cfg, snaps, trials, rng, max_sleep):
+    """`trials` runs of `cdc sync --config cfg`, the n-th to snapshot n // 3 of `snaps`, each SIGKILLed after a random
+    0..`max_sleep` s when still running; returns how many were killed."""
+    kills = 0
+    for trial in range(trials):
+        to = snaps[min(len(snaps) - 1, trial // 3)]
+        proc = subprocess.Popen([CDC, "sync", "--config", cfg, "--to-snapshot", str(to)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.0, max_sleep))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    return kills
+
+
 def test_sync_survives_sigkill_at_random_moments(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path):
     rng = random.Random(7)
     for kind, name in (("sql", "mor_v3"), ("hadoop", "part_v2")):
         src = f"{CAT}.db.{name}"
         section, tgt = target_section(kind, f"crash_{kind}.{name}", warehouse, rest_catalog, sql_target, "snapshots_per_commit = 2")
         cfg = write_config(str(tmp_path / f"{kind}.toml"), f"db.{name}", warehouse, target=section)
-        snaps = lineage(spark, src)
-        kills = 0
-        for trial in range(25):
-            to = snaps[min(len(snaps) - 1, trial // 3)]
-            proc = subprocess.Popen([CDC, "sync", "--config", cfg, "--to-snapshot", str(to)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.0, 0.06))
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-            proc.wait()
+        kills = kill_syncs_at_random(cfg, lineage(spark, src), 25, rng, 0.06)
         assert kills > 5, "the trials must really interrupt syncs"
         p = run_cdc("sync", "--config", cfg)
         assert p.returncode == 0
