@@ -338,6 +338,8 @@ pub enum CatalogType {
     Rest,
     /// Google BigLake's Iceberg REST catalog: `project`, `location`, `warehouse` (see [`CatalogConfig::rest_props`]).
     Biglake,
+    /// A Hive Metastore: `uri = "thrift://HOST:PORT"`, optional `warehouse` (where new databases go).
+    Hive,
 }
 
 /// Keys of the `biglake` catalog shorthand.
@@ -661,6 +663,23 @@ impl CatalogConfig {
                     _ => {}
                 }
                 self.validate_rest_keys(field, &[], p);
+            }
+            CatalogType::Hive => {
+                match self.props.get("uri") {
+                    None => p.push(format!("{field}.uri: required for a hive catalog (`thrift://HOST:9083`)")),
+                    Some(u) if !u.starts_with("thrift://") || u.len() == "thrift://".len() => {
+                        p.push(format!("{field}.uri: `{u}` must be thrift://HOST:PORT (the Metastore's Thrift service)"))
+                    }
+                    _ => {}
+                }
+                for k in self.props.keys() {
+                    let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
+                    if !storage
+                        && !["uri", crate::catalog::rest::keys::AUTH, crate::catalog::rest::keys::GOOGLE_CREDENTIALS_FILE].contains(&k.as_str())
+                    {
+                        p.push(format!("{field}.{k}: unknown key for a hive catalog (it takes `uri`, `warehouse`, `auth`, and storage properties such as `s3.*`, `gcs.*`)"));
+                    }
+                }
             }
             CatalogType::Biglake => {
                 match self.props.get(biglake::PROJECT) {

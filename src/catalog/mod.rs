@@ -1,10 +1,12 @@
 //! One handle over the catalogs we read from and write to: Spark/Java's filesystem layout (`hadoop`), iceberg-rust's
-//! SQL catalog on sqlite (`sql`, the embedded default) and any Iceberg REST catalog (`rest`).
+//! SQL catalog on sqlite (`sql`, the embedded default), any Iceberg REST catalog (`rest`) and a Hive Metastore
+//! (`hive`).
 //!
 //! Commits of hand-built snapshots (row deltas) go through [`Catalog::commit`]: iceberg-rust 0.10.1 keeps
 //! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
 //! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
 mod hadoop;
+pub(crate) mod hive;
 pub(crate) mod rest;
 
 use std::collections::HashMap;
@@ -24,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 
 pub use hadoop::HadoopCatalog;
+pub use hive::HiveCatalog;
 
 /// Default name of the sqlite catalog (the `catalog_name` column of its tables).
 pub const SQL_DEFAULT_NAME: &str = "cdc";
@@ -46,6 +49,8 @@ pub enum Catalog {
     },
     /// An Iceberg REST catalog (BigLake, Polaris, the reference server, …).
     Rest(Arc<rest::RestClient>),
+    /// A Hive Metastore (Iceberg Java's `HiveCatalog` protocol).
+    Hive(HiveCatalog),
 }
 
 fn local_file_io() -> FileIO {
@@ -99,6 +104,11 @@ impl Catalog {
                 let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
                 Ok(Catalog::Sql { inner, pool, name, storage })
             }
+            CatalogType::Hive => {
+                let uri = cfg.props.get("uri").map(String::as_str).unwrap_or_default();
+                let props = cfg.props.iter().filter(|(k, _)| k.as_str() != "uri").map(|(k, v)| (k.clone(), v.clone())).collect();
+                Ok(Catalog::Hive(HiveCatalog::new(uri, cfg.warehouse.clone(), storage_factory(cfg), props)?))
+            }
             CatalogType::Rest | CatalogType::Biglake => {
                 let props = cfg.rest_props();
                 Ok(Catalog::Rest(rest::RestClient::connect(&props, label).await?))
@@ -119,6 +129,7 @@ impl Catalog {
             Catalog::Hadoop(_) => CdcStorageFactory::default(),
             Catalog::Sql { storage, .. } => storage.clone(),
             Catalog::Rest(c) => c.storage_factory(table.identifier()).await?,
+            Catalog::Hive(h) => h.storage(),
         };
         factory.storage_for(table.file_io()).list(prefix).await.map_err(Error::from)
     }
@@ -130,12 +141,13 @@ impl Catalog {
             Catalog::Hadoop(h) => return h.load_table(&ident).await,
             Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
             Catalog::Rest(c) => return c.load_table(&ident).await,
+            Catalog::Hive(h) => return h.load_table(&ident).await,
         };
         res.map_err(|e| self.map_load_error(name, e))
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
-    /// a directory listing; sql: one row), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
+    /// a directory listing; sql: one row; hive: one Metastore call), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
     /// catalog cannot tell cheaply (REST), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
         let ident = Self::ident(name)?;
@@ -152,6 +164,7 @@ impl Catalog {
                         .map_err(|e| Error::catalog("sql", e, true))?;
                 Ok(row.and_then(|r| r.0))
             }
+            Catalog::Hive(h) => h.metadata_location(&ident).await,
             Catalog::Rest(_) => Ok(None),
         }
     }
@@ -161,6 +174,7 @@ impl Catalog {
             Catalog::Hadoop(_) => "hadoop",
             Catalog::Sql { .. } => "sql",
             Catalog::Rest(_) => "rest",
+            Catalog::Hive(_) => "hive",
         }
     }
 
@@ -185,6 +199,7 @@ impl Catalog {
         let ns = ident.namespace().clone();
         match self {
             Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
+            Catalog::Hive(h) => h.create_table(&ident, creation).await,
             Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
             Catalog::Rest(c) => {
                 // Servers take the format version from this property.
@@ -228,6 +243,16 @@ impl Catalog {
     async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         match self {
             Catalog::Hadoop(h) => h.commit(table, requirements, updates).await,
+            Catalog::Hive(h) => {
+                let new_snapshot = updates.iter().find_map(|u| match u {
+                    TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
+                    _ => None,
+                });
+                match h.commit(table, requirements, updates).await {
+                    Err(e @ Error::CommitUnknown { .. }) => self.applied_or(table.identifier(), new_snapshot, e).await,
+                    other => other,
+                }
+            }
             Catalog::Sql { pool, name, .. } => {
                 let ident = table.identifier();
                 let current = table.metadata_location_result()?.to_string();

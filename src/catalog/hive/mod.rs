@@ -1,0 +1,613 @@
+//! Iceberg tables in a Hive Metastore (`type = "hive"`), read and committed the way Iceberg Java's `HiveCatalog`
+//! does, so that Spark, Hive and `cdc` can write one table without losing a commit.
+//!
+//! A table is a Metastore table with parameters `table_type = ICEBERG` and `metadata_location = <current metadata
+//! file>`; its metadata lives beside its data (`<location>/metadata/NNNNN-<uuid>.metadata.json`).
+//!
+//! Commit (the order is the invariant):
+//! 1. write the new metadata file (a fresh name: it cannot clobber anything);
+//! 2. take the Metastore's EXCLUSIVE table lock (`lock`, then `check_lock` until acquired) — the lock Iceberg Java
+//!    takes, so a Spark commit and ours are serialised;
+//! 3. under the lock, read the table again: its `metadata_location` must still be the one our change was planned on,
+//!    else the commit conflicts (the new file is deleted, the caller re-plans);
+//! 4. `alter_table_with_environment_context` with `metadata_location` swapped (and `previous_metadata_location`),
+//!    also asking the Metastore to check the expected old value itself (Hive 4 honours `expected_parameter_*`;
+//!    older Metastores ignore it and the lock alone guards);
+//! 5. release the lock — always, also after a failure.
+//!
+//! A failure after the alter was sent leaves the outcome unknown; the caller settles it by reloading
+//! ([`super::Catalog`] checks for the new snapshot). The Metastore speaks Thrift ([`thrift`]); calls are blocking and
+//! run on tokio's blocking pool, one connection per catalog, reopened after any transport error.
+pub(crate) mod thrift;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use iceberg::io::FileIO;
+use iceberg::spec::{PrimitiveType, TableMetadata, TableMetadataBuilder, Type};
+use iceberg::table::Table;
+use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
+
+use crate::error::{Error, Result};
+use crate::storage::{self, CdcStorageFactory};
+use thrift::{CallError, Connection, Struct, Value};
+
+/// Metastore table parameter: the table format (`ICEBERG`).
+const TABLE_TYPE: &str = "table_type";
+/// Metastore table parameter: the current metadata file.
+const METADATA_LOCATION: &str = "metadata_location";
+/// Metastore table parameter: the metadata file before the last commit.
+const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
+const ICEBERG: &str = "ICEBERG";
+/// How long a commit waits for the table lock (Iceberg Java's default `iceberg.hive.lock-timeout-ms`).
+const LOCK_TIMEOUT: Duration = Duration::from_secs(180);
+/// Per call: connect, send, and wait for the answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Attempts of a read call over fresh connections after transport errors.
+const READ_ATTEMPTS: u32 = 3;
+
+/// `Table` field ids (hive_metastore.thrift).
+mod table {
+    pub const NAME: i16 = 1;
+    pub const DB: i16 = 2;
+    pub const OWNER: i16 = 3;
+    pub const CREATE_TIME: i16 = 4;
+    pub const LAST_ACCESS_TIME: i16 = 5;
+    pub const RETENTION: i16 = 6;
+    pub const SD: i16 = 7;
+    pub const PARTITION_KEYS: i16 = 8;
+    pub const PARAMETERS: i16 = 9;
+    pub const TABLE_TYPE: i16 = 12;
+}
+
+/// `StorageDescriptor` field ids.
+mod sd {
+    pub const COLS: i16 = 1;
+    pub const LOCATION: i16 = 2;
+    pub const INPUT_FORMAT: i16 = 3;
+    pub const OUTPUT_FORMAT: i16 = 4;
+    pub const COMPRESSED: i16 = 5;
+    pub const NUM_BUCKETS: i16 = 6;
+    pub const SERDE: i16 = 7;
+    pub const PARAMETERS: i16 = 10;
+}
+
+/// A Hive Metastore holding Iceberg tables.
+pub struct HiveCatalog {
+    /// `host:port` of the Metastore's Thrift service.
+    addr: String,
+    /// Where new databases' directories go when the Metastore has none for them.
+    warehouse: Option<String>,
+    /// How table storage is reached.
+    storage: CdcStorageFactory,
+    /// Storage properties (`s3.*`, `gcs.*`, …) of the catalog section.
+    props: HashMap<String, String>,
+    /// The connection, opened on first use and after a transport error.
+    conn: Arc<Mutex<Option<Connection>>>,
+}
+
+/// Whether a call may be sent again after a transport error.
+#[derive(Clone, Copy, PartialEq)]
+enum Idempotent {
+    Yes,
+    No,
+}
+
+impl HiveCatalog {
+    /// A catalog for the Metastore at `uri` (`thrift://host:port`). Connects lazily.
+    pub fn new(uri: &str, warehouse: Option<String>, storage: CdcStorageFactory, props: HashMap<String, String>) -> Result<Self> {
+        let addr = uri
+            .strip_prefix("thrift://")
+            .map(|a| a.trim_end_matches('/').to_string())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| Error::Config(vec![format!("hive catalog uri `{uri}` must be thrift://HOST:PORT")]))?;
+        let addr = if addr.contains(':') { addr } else { format!("{addr}:9083") };
+        Ok(HiveCatalog { addr, warehouse, storage, props, conn: Arc::default() })
+    }
+
+    fn file_io(&self) -> FileIO {
+        storage::file_io(self.storage.clone(), &self.props)
+    }
+
+    /// The storage factory of this catalog's tables.
+    pub(crate) fn storage(&self) -> CdcStorageFactory {
+        self.storage.clone()
+    }
+
+    fn error(&self, what: &str, e: CallError) -> Error {
+        let retryable = matches!(e, CallError::Io { .. });
+        let hint = match &e {
+            CallError::Io { .. } => format!(" — is the Hive Metastore running at thrift://{}?", self.addr),
+            _ => String::new(),
+        };
+        Error::catalog("hive", format!("{what}: {e}{hint}"), retryable).with_cause(e)
+    }
+
+    /// One call on the shared connection (opened as needed; dropped after any error that may have left it mid-
+    /// message). Idempotent calls are repeated on a fresh connection after transport errors.
+    async fn call(&self, method: &'static str, args: Vec<Value>, idempotent: Idempotent) -> std::result::Result<Option<Value>, CallError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (conn, addr, args_now) = (self.conn.clone(), self.addr.clone(), args.clone());
+            let res = tokio::task::spawn_blocking(move || {
+                let mut guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+                if guard.is_none() {
+                    *guard = Some(Connection::open(&addr, CALL_TIMEOUT).map_err(|e| CallError::Io { source: e, sent: false })?);
+                }
+                let res = guard.as_mut().expect("opened above").call(method, args_now);
+                if matches!(res, Err(CallError::Io { .. } | CallError::Protocol(_))) {
+                    *guard = None;
+                }
+                res
+            })
+            .await
+            .unwrap_or_else(|e| Err(CallError::Protocol(format!("call task failed: {e}"))));
+            match res {
+                Err(CallError::Io { sent, .. }) if (idempotent == Idempotent::Yes || !sent) && attempt < READ_ATTEMPTS => {
+                    tokio::time::sleep(crate::backoff::delay(Duration::from_millis(200), attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
+        let ns = ident.namespace().as_ref();
+        if ns.len() != 1 {
+            return Err(Error::Config(vec![format!(
+                "table `{ident}`: a Hive Metastore has one level of namespace (`database.table`); `{}` has {}",
+                ident.namespace().join("."),
+                ns.len()
+            )]));
+        }
+        Ok((ns[0].clone(), ident.name().to_string()))
+    }
+
+    /// The Metastore table, `None` when it (or its database) does not exist.
+    async fn hms_table(&self, db: &str, name: &str) -> Result<Option<Struct>> {
+        let req = Struct::of([(1, Value::str(db)), (2, Value::str(name))]);
+        match self.call("get_table_req", vec![Value::Struct(req)], Idempotent::Yes).await {
+            Ok(Some(Value::Struct(result))) => match result.child(1) {
+                Some(t) => Ok(Some(t.clone())),
+                None => Err(Error::catalog("hive", format!("get_table_req {db}.{name}: the answer holds no table"), false)),
+            },
+            // NoSuchObjectException
+            Err(CallError::Declared { field: 2, .. }) => Ok(None),
+            Ok(_) => Err(Error::catalog("hive", format!("get_table_req {db}.{name}: unexpected answer"), false)),
+            Err(e) => Err(self.error(&format!("cannot read table {db}.{name}"), e)),
+        }
+    }
+
+    fn parameters(t: &Struct) -> HashMap<String, String> {
+        t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default().into_iter().collect()
+    }
+
+    /// The current metadata file of an Iceberg table; an error for a Metastore table that is not Iceberg.
+    fn iceberg_location(ident: &TableIdent, t: &Struct) -> Result<String> {
+        let params = Self::parameters(t);
+        let kind = params.get(TABLE_TYPE).map(|s| s.to_ascii_uppercase());
+        match (kind.as_deref(), params.get(METADATA_LOCATION)) {
+            (Some(ICEBERG), Some(loc)) => Ok(loc.clone()),
+            (Some(ICEBERG), None) => Err(Error::catalog("hive", format!("table {ident} is marked ICEBERG but has no `metadata_location` parameter"), false)),
+            (k, _) => Err(Error::catalog(
+                "hive",
+                format!(
+                    "table {ident} is not an Iceberg table (table_type = {}); `cdc` reads Iceberg tables only — migrate it with Spark's `CALL system.migrate` or `snapshot` first",
+                    k.unwrap_or("none")
+                ),
+                false,
+            )),
+        }
+    }
+
+    /// The current metadata file of `ident` (one Metastore call), `None` when the table does not exist.
+    pub async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        let (db, name) = Self::db_and_name(ident)?;
+        match self.hms_table(&db, &name).await? {
+            Some(t) => Ok(Some(Self::iceberg_location(ident, &t)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Loads `ident`'s current metadata.
+    pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        let location = self
+            .metadata_location(ident)
+            .await?
+            .ok_or_else(|| Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() })?;
+        self.table_at(ident, &location).await
+    }
+
+    async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
+        let io = self.file_io();
+        let metadata = TableMetadata::read_from(&io, location)
+            .await
+            .map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
+        Ok(Table::builder()
+            .identifier(ident.clone())
+            .metadata(metadata)
+            .metadata_location(location.to_string())
+            .file_io(io)
+            .runtime(iceberg::Runtime::try_current()?)
+            .build()?)
+    }
+
+    /// The directory of database `db`, creating the database when missing (in `<warehouse>/<db>.db`, Hive's layout).
+    async fn database_location(&self, db: &str) -> Result<String> {
+        match self.call("get_database", vec![Value::str(db)], Idempotent::Yes).await {
+            Ok(Some(Value::Struct(d))) => {
+                if let Some(loc) = d.string(3).filter(|l| !l.is_empty()) {
+                    return Ok(loc);
+                }
+            }
+            Err(CallError::Declared { field: 1, .. }) => {} // NoSuchObjectException
+            Ok(_) => return Err(Error::catalog("hive", format!("get_database {db}: unexpected answer"), false)),
+            Err(e) => return Err(self.error(&format!("cannot read database {db}"), e)),
+        }
+        let warehouse = self.warehouse.as_deref().map(|w| w.trim_end_matches('/')).filter(|w| !w.is_empty()).ok_or_else(|| {
+            Error::Config(vec![format!("hive catalog: database `{db}` has no location; set the catalog's `warehouse` so `cdc` can create it there")])
+        })?;
+        let location = format!("{warehouse}/{db}.db");
+        let database = Struct::of([
+            (1, Value::str(db)),
+            (2, Value::str("created by iceberg-cdc")),
+            (3, Value::str(location.clone())),
+            (4, Value::string_map([])),
+        ]);
+        match self.call("create_database", vec![Value::Struct(database)], Idempotent::No).await {
+            Ok(_) | Err(CallError::Declared { field: 1, .. }) => {} // created, or by another writer meanwhile
+            Err(e) => return Err(self.error(&format!("cannot create database {db}"), e)),
+        }
+        Ok(location)
+    }
+
+    /// Creates `ident`: its first metadata file, then the Metastore table pointing at it.
+    pub async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        let (db, name) = Self::db_and_name(ident)?;
+        let location = match creation.location.clone() {
+            Some(l) => l,
+            None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
+        };
+        let creation = TableCreation { location: Some(location.clone()), ..creation };
+        let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
+        let meta_loc = MetadataLocation::new_with_metadata(&location, &metadata);
+        metadata.write_to(&self.file_io(), &meta_loc).await?;
+        let meta_loc = meta_loc.to_string();
+        let now = chrono::Utc::now().timestamp() as i32;
+        let mut t = Struct::of([
+            (table::NAME, Value::str(&name)),
+            (table::DB, Value::str(&db)),
+            (table::OWNER, Value::str(user())),
+            (table::CREATE_TIME, Value::I32(now)),
+            (table::LAST_ACCESS_TIME, Value::I32(now)),
+            (table::RETENTION, Value::I32(i32::MAX)),
+            (table::SD, Value::Struct(storage_descriptor(&metadata))),
+            (table::PARTITION_KEYS, Value::struct_list(Vec::new())),
+            (table::PARAMETERS, Value::string_map([])),
+            (table::TABLE_TYPE, Value::str("EXTERNAL_TABLE")),
+        ]);
+        set_parameters(&mut t, None, &metadata, &meta_loc, None);
+        match self.call("create_table", vec![Value::Struct(t)], Idempotent::No).await {
+            Ok(_) => {}
+            Err(e) => {
+                let _ = self.file_io().delete(&meta_loc).await;
+                return Err(match e {
+                    CallError::Declared { field: 1, .. } => Error::catalog("hive", format!("table {ident} already exists"), false),
+                    e => self.error(&format!("cannot create table {ident}"), e),
+                });
+            }
+        }
+        self.table_at(ident, &meta_loc).await
+    }
+
+    /// Applies `updates` when `requirements` hold and the Metastore still points at `table`'s metadata file (see the
+    /// module header for the protocol). Returns the committed table.
+    pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
+        let ident = table.identifier();
+        let (db, name) = Self::db_and_name(ident)?;
+        let base = table.metadata_location_result()?.to_string();
+        let new_meta = super::apply_updates(table.metadata(), &base, &requirements, updates)?;
+        // Iceberg's `NNNNN-<uuid>.metadata.json`; a table whose file is named otherwise (migrated from another
+        // catalog) starts a new sequence — the uuid keeps the name fresh either way
+        let loc = MetadataLocation::from_str(&base)
+            .map(|l| l.with_next_version().with_new_metadata(&new_meta))
+            .unwrap_or_else(|_| MetadataLocation::new_with_metadata(new_meta.location(), &new_meta));
+        let io = self.file_io();
+        new_meta.write_to(&io, &loc).await?;
+        let new_loc = loc.to_string();
+
+        let lock = self.lock(&db, &name).await?;
+        let outcome = self.swap_locked(&db, &name, ident, &base, &new_loc, table.metadata(), &new_meta).await;
+        self.unlock(lock).await;
+        match outcome {
+            Ok(()) => self.table_at(ident, &new_loc).await,
+            Err(Swap::Refused(e)) => {
+                // the Metastore did not take the new file: nothing points at it
+                let _ = io.delete(&new_loc).await;
+                Err(e)
+            }
+            // the alter may have landed: the file must stay; the caller checks by reloading
+            Err(Swap::Unknown(e)) => Err(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn swap_locked(
+        &self,
+        db: &str,
+        name: &str,
+        ident: &TableIdent,
+        base: &str,
+        new_loc: &str,
+        old_meta: &TableMetadata,
+        new_meta: &TableMetadata,
+    ) -> std::result::Result<(), Swap> {
+        let mut t = self
+            .hms_table(db, name)
+            .await
+            .map_err(Swap::Refused)?
+            .ok_or_else(|| Swap::Refused(Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() }))?;
+        let current = Self::iceberg_location(ident, &t).map_err(Swap::Refused)?;
+        if current != base {
+            return Err(Swap::Refused(Error::Conflict {
+                table: ident.to_string(),
+                message: format!("the Metastore points at {current}, not at {base} the change was planned on"),
+            }));
+        }
+        set_parameters(&mut t, Some(old_meta), new_meta, new_loc, Some(base));
+        if let Some(Value::Struct(sd)) = t.0.iter_mut().find(|(i, _)| *i == table::SD).map(|(_, v)| v) {
+            sd.set(sd::COLS, columns(new_meta));
+        }
+        let env = Struct::of([(
+            1,
+            Value::string_map([("DO_NOT_UPDATE_STATS", "true"), ("expected_parameter_key", METADATA_LOCATION), ("expected_parameter_value", base)]),
+        )]);
+        let args = vec![Value::str(db), Value::str(name), Value::Struct(t), Value::Struct(env)];
+        match self.call("alter_table_with_environment_context", args, Idempotent::No).await {
+            Ok(_) => Ok(()),
+            Err(e @ CallError::Declared { .. }) => {
+                let msg = e.declared_message().unwrap_or_default();
+                if msg.contains("has been modified") {
+                    Err(Swap::Refused(Error::Conflict { table: ident.to_string(), message: msg }))
+                } else {
+                    Err(Swap::Refused(self.error(&format!("the Metastore refused the commit to {ident}"), e)))
+                }
+            }
+            Err(e @ CallError::Io { sent: false, .. }) => Err(Swap::Refused(self.error(&format!("commit to {ident}"), e))),
+            Err(e) => Err(Swap::Unknown(Error::CommitUnknown { catalog: "hive".into(), message: e.to_string() })),
+        }
+    }
+
+    /// Takes the Metastore's EXCLUSIVE lock on `db.name`, waiting up to [`LOCK_TIMEOUT`].
+    async fn lock(&self, db: &str, name: &str) -> Result<i64> {
+        let component = Struct::of([
+            (1, Value::I32(3)), // LockType.EXCLUSIVE
+            (2, Value::I32(2)), // LockLevel.TABLE
+            (3, Value::str(db)),
+            (4, Value::str(name)),
+        ]);
+        let request = Struct::of([
+            (1, Value::struct_list(vec![component])),
+            (3, Value::str(user())),
+            (4, Value::str(hostname())),
+            (5, Value::str(format!("iceberg-cdc-{}", uuid::Uuid::new_v4()))),
+        ]);
+        let (mut id, mut state) = self.lock_response(self.call("lock", vec![Value::Struct(request)], Idempotent::No).await, db, name)?;
+        let started = Instant::now();
+        let mut polls = 0;
+        while state == LockState::Waiting {
+            if started.elapsed() > LOCK_TIMEOUT {
+                self.unlock(id).await;
+                return Err(Error::catalog(
+                    "hive",
+                    format!(
+                        "timed out after {}s waiting for the Metastore lock on {db}.{name}; another writer holds it (SHOW LOCKS in Hive tells which)",
+                        LOCK_TIMEOUT.as_secs()
+                    ),
+                    true,
+                ));
+            }
+            tokio::time::sleep(crate::backoff::delay(Duration::from_millis(50), polls.min(5))).await;
+            polls += 1;
+            let check = Struct::of([(1, Value::I64(id))]);
+            (id, state) = self.lock_response(self.call("check_lock", vec![Value::Struct(check)], Idempotent::Yes).await, db, name)?;
+        }
+        match state {
+            LockState::Acquired => Ok(id),
+            _ => {
+                self.unlock(id).await;
+                Err(Error::catalog("hive", format!("the Metastore did not grant the lock on {db}.{name}"), true))
+            }
+        }
+    }
+
+    fn lock_response(&self, res: std::result::Result<Option<Value>, CallError>, db: &str, name: &str) -> Result<(i64, LockState)> {
+        match res {
+            Ok(Some(Value::Struct(r))) => {
+                let id = r.get(1).and_then(Value::as_i64).unwrap_or_default();
+                let state = match r.get(2).and_then(Value::as_i64) {
+                    Some(1) => LockState::Acquired,
+                    Some(2) => LockState::Waiting,
+                    _ => LockState::Refused,
+                };
+                Ok((id, state))
+            }
+            Ok(_) => Err(Error::catalog("hive", format!("lock {db}.{name}: unexpected answer"), false)),
+            Err(e) => Err(self.error(&format!("cannot lock {db}.{name}"), e)),
+        }
+    }
+
+    /// Releases a lock; a failure is logged (the Metastore times out locks whose holder stopped heartbeating).
+    async fn unlock(&self, id: i64) {
+        let req = Struct::of([(1, Value::I64(id))]);
+        if let Err(e) = self.call("unlock", vec![Value::Struct(req)], Idempotent::Yes).await {
+            tracing::warn!(lock = id, error = %e, "could not release a Hive Metastore lock; the Metastore times it out (hive.txn.timeout)");
+        }
+    }
+}
+
+#[derive(PartialEq)]
+enum LockState {
+    Acquired,
+    Waiting,
+    Refused,
+}
+
+/// How a swap failed: the Metastore surely did not take it, or it may have.
+enum Swap {
+    Refused(Error),
+    Unknown(Error),
+}
+
+/// Sets the Metastore parameters of a committed table: the pointer, Iceberg's marker, and the table's properties
+/// (removed ones dropped), as Iceberg Java does so that Hive's `SHOW TBLPROPERTIES` tells the truth.
+fn set_parameters(t: &mut Struct, old: Option<&TableMetadata>, new: &TableMetadata, location: &str, previous: Option<&str>) {
+    let mut params: Vec<(String, String)> = t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default();
+    if let Some(old) = old {
+        params.retain(|(k, _)| !old.properties().contains_key(k) || new.properties().contains_key(k));
+    }
+    let mut put = |k: &str, v: String| match params.iter_mut().find(|(pk, _)| pk == k) {
+        Some(slot) => slot.1 = v,
+        None => params.push((k.to_string(), v)),
+    };
+    for (k, v) in new.properties() {
+        put(k, v.clone());
+    }
+    put(TABLE_TYPE, ICEBERG.into());
+    put("EXTERNAL", "TRUE".into());
+    put(METADATA_LOCATION, location.into());
+    if let Some(p) = previous {
+        put(PREVIOUS_METADATA_LOCATION, p.into());
+    }
+    put("uuid", new.uuid().to_string());
+    if let Some(s) = new.current_snapshot() {
+        put("current-snapshot-id", s.snapshot_id().to_string());
+        put("current-snapshot-timestamp-ms", s.timestamp_ms().to_string());
+    }
+    put("snapshot-count", new.snapshots().count().to_string());
+    t.set(table::PARAMETERS, Value::string_map(params.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
+}
+
+/// The storage descriptor Iceberg Java writes for tables Hive does not read itself: the location, the columns for
+/// tools that list them, and input/output formats that make Hive refuse to read the files behind Iceberg's back.
+fn storage_descriptor(metadata: &TableMetadata) -> Struct {
+    Struct::of([
+        (sd::COLS, columns(metadata)),
+        (sd::LOCATION, Value::str(metadata.location())),
+        (sd::INPUT_FORMAT, Value::str("org.apache.hadoop.mapred.FileInputFormat")),
+        (sd::OUTPUT_FORMAT, Value::str("org.apache.hadoop.mapred.FileOutputFormat")),
+        (sd::COMPRESSED, Value::Bool(false)),
+        (sd::NUM_BUCKETS, Value::I32(-1)),
+        (sd::SERDE, Value::Struct(Struct::of([(2, Value::str("org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe")), (3, Value::string_map([]))]))),
+        (sd::PARAMETERS, Value::string_map([])),
+    ])
+}
+
+/// The current schema as Hive columns (`FieldSchema` list).
+fn columns(metadata: &TableMetadata) -> Value {
+    let schema = metadata.current_schema();
+    Value::struct_list(
+        schema
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| {
+                Struct::of([
+                    (1, Value::str(f.name.clone())),
+                    (2, Value::str(hive_type(&f.field_type))),
+                    (3, Value::str(f.doc.clone().unwrap_or_default())),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// The Hive type name of an Iceberg type (Iceberg Java's `HiveSchemaUtil` mapping).
+fn hive_type(t: &Type) -> String {
+    match t {
+        Type::Primitive(p) => match p {
+            PrimitiveType::Boolean => "boolean".into(),
+            PrimitiveType::Int => "int".into(),
+            PrimitiveType::Long => "bigint".into(),
+            PrimitiveType::Float => "float".into(),
+            PrimitiveType::Double => "double".into(),
+            PrimitiveType::Decimal { precision, scale } => format!("decimal({precision},{scale})"),
+            PrimitiveType::Date => "date".into(),
+            PrimitiveType::Timestamp | PrimitiveType::TimestampNs => "timestamp".into(),
+            PrimitiveType::Timestamptz | PrimitiveType::TimestamptzNs => "timestamp with local time zone".into(),
+            PrimitiveType::Time | PrimitiveType::String | PrimitiveType::Uuid => "string".into(),
+            PrimitiveType::Fixed(_) | PrimitiveType::Binary => "binary".into(),
+        },
+        Type::Struct(s) => {
+            format!("struct<{}>", s.fields().iter().map(|f| format!("{}:{}", f.name, hive_type(&f.field_type))).collect::<Vec<_>>().join(","))
+        }
+        Type::List(l) => format!("array<{}>", hive_type(&l.element_field.field_type)),
+        Type::Map(m) => format!("map<{},{}>", hive_type(&m.key_field.field_type), hive_type(&m.value_field.field_type)),
+    }
+}
+
+fn user() -> String {
+    std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "iceberg-cdc".into())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{ListType, MapType, NestedField, StructType};
+
+    #[test]
+    fn hive_types_follow_iceberg_java() {
+        let t = Type::Struct(StructType::new(vec![
+            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+            NestedField::optional(
+                2,
+                "tags",
+                Type::List(ListType::new(NestedField::list_element(3, Type::Primitive(PrimitiveType::String), false).into())),
+            )
+            .into(),
+            NestedField::optional(
+                4,
+                "m",
+                Type::Map(MapType::new(
+                    NestedField::map_key_element(5, Type::Primitive(PrimitiveType::Int)).into(),
+                    NestedField::map_value_element(6, Type::Primitive(PrimitiveType::Decimal { precision: 10, scale: 2 }), false).into(),
+                )),
+            )
+            .into(),
+        ]));
+        assert_eq!(hive_type(&t), "struct<id:bigint,tags:array<string>,m:map<int,decimal(10,2)>>");
+        assert_eq!(hive_type(&Type::Primitive(PrimitiveType::Timestamptz)), "timestamp with local time zone");
+    }
+
+    #[test]
+    fn uris_name_a_thrift_endpoint() {
+        let c = |u: &str| HiveCatalog::new(u, None, CdcStorageFactory::default(), HashMap::new()).map(|c| c.addr);
+        assert_eq!(c("thrift://meta:9083").unwrap(), "meta:9083");
+        assert_eq!(c("thrift://meta").unwrap(), "meta:9083");
+        assert!(c("http://meta:9083").is_err());
+        assert!(c("thrift://").is_err());
+    }
+
+    #[test]
+    fn only_iceberg_tables_are_loaded() {
+        let ident = TableIdent::from_strs(["db", "t"]).unwrap();
+        let with = |params: &[(&str, &str)]| Struct::of([(table::PARAMETERS, Value::string_map(params.iter().copied()))]);
+        assert_eq!(HiveCatalog::iceberg_location(&ident, &with(&[("table_type", "iceberg"), ("metadata_location", "m")])).unwrap(), "m");
+        let e = HiveCatalog::iceberg_location(&ident, &with(&[("EXTERNAL", "TRUE")])).unwrap_err().to_string();
+        assert!(e.contains("not an Iceberg table") && e.contains("migrate"), "{e}");
+        assert!(HiveCatalog::iceberg_location(&ident, &with(&[("table_type", "ICEBERG")])).is_err());
+    }
+
+    #[test]
+    fn namespaces_are_one_level() {
+        assert!(HiveCatalog::db_and_name(&TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
+        assert_eq!(HiveCatalog::db_and_name(&TableIdent::from_strs(["a", "t"]).unwrap()).unwrap(), ("a".into(), "t".into()));
+    }
+}
