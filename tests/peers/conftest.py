@@ -38,6 +38,18 @@ def rest_catalog(warehouse):
 
 
 @pytest.fixture(scope="session")
+def hive_metastore(warehouse):
+    """A Hive Metastore (standalone, Derby), started by scripts/hive-metastore.sh on a free 127.0.0.1 port."""
+    state = os.path.join(warehouse, "hive-metastore")
+    script = os.path.join(ROOT, "scripts", "hive-metastore.sh")
+    p = subprocess.run(["bash", script, "start", state], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"Hive Metastore did not start: {p.stderr}")
+    yield p.stdout.strip()
+    subprocess.run(["bash", script, "stop", state])
+
+
+@pytest.fixture(scope="session")
 def sql_target(warehouse):
     """Warehouse of the sqlite catalog iceberg-rust writes. Spark reads its tables by metadata file (see
     `spark_table`): Spark's JdbcCatalog on sqlite keeps a read transaction open and would see stale pointers."""
@@ -47,8 +59,12 @@ def sql_target(warehouse):
 
 
 @pytest.fixture(scope="session")
-def spark(warehouse, rest_catalog, sql_target):
-    catalogs = {"rest_cat": {"type": "rest", "uri": rest_catalog}}
+def spark(warehouse, rest_catalog, sql_target, hive_metastore):
+    catalogs = {
+        "rest_cat": {"type": "rest", "uri": rest_catalog},
+        # Iceberg's HiveCatalog through Spark's built-in Hive 2.3 client; no table cache: cdc commits meanwhile
+        "hive_cat": {"type": "hive", "uri": hive_metastore, "warehouse": f"file://{warehouse}/hive-wh", "cache-enabled": "false"},
+    }
     s = spark_workloads.spark_session(warehouse, catalogs)
     s.sparkContext.setLogLevel("ERROR")
     yield s
@@ -90,10 +106,12 @@ def write_config(path, table, warehouse, extra="", target=""):
     return path
 
 
-def target_section(kind, table, warehouse, rest_uri, sql_dir, extra=""):
+def target_section(kind, table, warehouse, rest_uri, sql_dir, extra="", hive_uri=None):
     """A [target] section and the Spark name of that table (`catalog.namespace.table`)."""
     ns, name = table.split(".")
-    if kind == "hadoop":
+    if kind == "hive":
+        cat, spark_cat = f'type = "hive"\nuri = "{hive_uri}"\nwarehouse = "file://{warehouse}/hive-wh"', "hive_cat"
+    elif kind == "hadoop":
         cat, spark_cat = f'type = "hadoop"\nwarehouse = "{warehouse}"', "spark_cat"
     elif kind == "sql":
         cat, spark_cat = f'type = "sql"\nwarehouse = "{sql_dir}"', f"sqlite:{sql_dir}"
