@@ -911,6 +911,17 @@ mod tests {
     }
 
     #[test]
+    fn hive_catalog_keys() {
+        let parse = |cat: &str| Config::parse(&format!("[source]\ntable='db.t'\n[source.catalog]\ntype='hive'\n{cat}"));
+        assert!(parse("uri='thrift://meta:9083'\nwarehouse='gs://b/wh'\nauth='google'\n's3.endpoint'='http://x'\n").is_ok());
+        let Error::Config(p) = parse("uri='http://meta:9083'\ntoken='x'\n").unwrap_err() else { panic!() };
+        let all = p.join("\n");
+        assert!(all.contains("must be thrift://HOST:PORT") && all.contains("token: unknown key for a hive catalog"), "{all}");
+        let Error::Config(p) = parse("").unwrap_err() else { panic!() };
+        assert!(p[0].contains("uri: required for a hive catalog"), "{p:?}");
+    }
+
+    #[test]
     fn kafka_section() {
         let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
         let cfg = Config::parse(&format!("{base}[kafka]\nbootstrap_servers='b:9092'\nformat='debezium'\nmax_transaction_bytes='8MiB'\n")).unwrap();

@@ -313,6 +313,23 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn every_fixture_is_a_valid_service_file() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let mut n = 0;
+        for f in std::fs::read_dir(&dir).unwrap() {
+            let path = f.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap().replace("${GOOGLE_CLOUD_PROJECT}", "my-project");
+                if let Err(e) = ServiceConfig::parse(&text) {
+                    panic!("{}: {e}", path.display());
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "{n} fixtures");
+    }
+
     const GOOD: &str = r#"
 [service]
 poll_interval = "1s"

@@ -92,6 +92,8 @@ def test_service_follows_a_hive_source_into_a_hive_target(spark, hive_tables, hi
         '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "hms"\ntable = "hsvc.svc_src"\n'
     )
     tgt = "hive_cat.hsvc.svc_src"
+    check = run_cdc("check", "--config", str(cfg))
+    assert "ok    svc" in check.stdout and "target hsvc.svc_src will be created" in check.stdout, check.stdout
     proc = subprocess.Popen([CDC, "run", "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         cols = source_cols(spark, src)
