@@ -340,6 +340,8 @@ pub enum CatalogType {
     Biglake,
     /// A Hive Metastore: `uri = "thrift://HOST:PORT"`, optional `warehouse` (where new databases go).
     Hive,
+    /// The AWS Glue Data Catalog: `region`, optional `endpoint`, `catalog-id`, credentials, `warehouse`.
+    Glue,
 }
 
 /// Keys of the `biglake` catalog shorthand.
@@ -681,6 +683,26 @@ impl CatalogConfig {
                     }
                 }
             }
+            CatalogType::Glue => {
+                use crate::catalog::glue::keys;
+                if let Some(e) = self.props.get(keys::ENDPOINT) {
+                    if !(e.starts_with("http://") || e.starts_with("https://")) {
+                        p.push(format!("{field}.endpoint: `{e}` must start with https:// (or http:// for an emulator)"));
+                    }
+                }
+                if self.props.contains_key(keys::ACCESS_KEY_ID) != self.props.contains_key(keys::SECRET_ACCESS_KEY) {
+                    p.push(format!("{field}: `access-key-id` and `secret-access-key` go together"));
+                }
+                for k in self.props.keys() {
+                    let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
+                    if !storage && !keys::ALL.contains(&k.as_str()) {
+                        p.push(format!(
+                            "{field}.{k}: unknown key for a glue catalog (it takes {}, `warehouse`, and storage properties such as `s3.*`)",
+                            keys::ALL.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                        ));
+                    }
+                }
+            }
             CatalogType::Biglake => {
                 match self.props.get(biglake::PROJECT) {
                     Some(v) if !v.trim().is_empty() => {}
@@ -919,6 +941,20 @@ mod tests {
         assert!(all.contains("must be thrift://HOST:PORT") && all.contains("token: unknown key for a hive catalog"), "{all}");
         let Error::Config(p) = parse("").unwrap_err() else { panic!() };
         assert!(p[0].contains("uri: required for a hive catalog"), "{p:?}");
+    }
+
+    #[test]
+    fn glue_catalog_keys() {
+        let parse = |cat: &str| Config::parse(&format!("[source]\ntable='db.t'\n[source.catalog]\ntype='glue'\n{cat}"));
+        assert!(parse(
+            "region='eu-west-1'\nendpoint='http://127.0.0.1:5000'\n'access-key-id'='a'\n'secret-access-key'='b'\n's3.endpoint'='http://x'\n"
+        )
+        .is_ok());
+        let Error::Config(p) = parse("endpoint='glue.local'\n'access-key-id'='a'\nuri='x'\n").unwrap_err() else { panic!() };
+        let all = p.join("\n");
+        for needle in ["endpoint: `glue.local`", "go together", "uri: unknown key for a glue catalog"] {
+            assert!(all.contains(needle), "{needle} missing in {all}");
+        }
     }
 
     #[test]

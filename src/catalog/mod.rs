@@ -1,12 +1,14 @@
 //! One handle over the catalogs we read from and write to: Spark/Java's filesystem layout (`hadoop`), iceberg-rust's
-//! SQL catalog on sqlite (`sql`, the embedded default), any Iceberg REST catalog (`rest`) and a Hive Metastore
-//! (`hive`).
+//! SQL catalog on sqlite (`sql`, the embedded default), any Iceberg REST catalog (`rest`), a Hive Metastore
+//! (`hive`) and the AWS Glue Data Catalog (`glue`).
 //!
 //! Commits of hand-built snapshots (row deltas) go through [`Catalog::commit`]: iceberg-rust 0.10.1 keeps
 //! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
 //! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
+pub(crate) mod glue;
 mod hadoop;
 pub(crate) mod hive;
+mod metastore;
 pub(crate) mod rest;
 
 use std::collections::HashMap;
@@ -25,6 +27,7 @@ use crate::config::{split_table_name, CatalogConfig, CatalogType};
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 
+pub use glue::GlueCatalog;
 pub use hadoop::HadoopCatalog;
 pub use hive::HiveCatalog;
 
@@ -51,6 +54,8 @@ pub enum Catalog {
     Rest(Arc<rest::RestClient>),
     /// A Hive Metastore (Iceberg Java's `HiveCatalog` protocol).
     Hive(HiveCatalog),
+    /// The AWS Glue Data Catalog (Iceberg Java's `GlueCatalog` protocol).
+    Glue(GlueCatalog),
 }
 
 fn local_file_io() -> FileIO {
@@ -109,6 +114,7 @@ impl Catalog {
                 let props = cfg.props.iter().filter(|(k, _)| k.as_str() != "uri").map(|(k, v)| (k.clone(), v.clone())).collect();
                 Ok(Catalog::Hive(HiveCatalog::new(uri, cfg.warehouse.clone(), storage_factory(cfg), props)?))
             }
+            CatalogType::Glue => Ok(Catalog::Glue(GlueCatalog::new(&cfg.props, cfg.warehouse.clone(), storage_factory(cfg))?)),
             CatalogType::Rest | CatalogType::Biglake => {
                 let props = cfg.rest_props();
                 Ok(Catalog::Rest(rest::RestClient::connect(&props, label).await?))
@@ -130,6 +136,7 @@ impl Catalog {
             Catalog::Sql { storage, .. } => storage.clone(),
             Catalog::Rest(c) => c.storage_factory(table.identifier()).await?,
             Catalog::Hive(h) => h.storage(),
+            Catalog::Glue(g) => g.storage(),
         };
         factory.storage_for(table.file_io()).list(prefix).await.map_err(Error::from)
     }
@@ -142,12 +149,13 @@ impl Catalog {
             Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
             Catalog::Rest(c) => return c.load_table(&ident).await,
             Catalog::Hive(h) => return h.load_table(&ident).await,
+            Catalog::Glue(g) => return g.load_table(&ident).await,
         };
         res.map_err(|e| self.map_load_error(name, e))
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
-    /// a directory listing; sql: one row; hive: one Metastore call), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
+    /// a directory listing; sql: one row; hive, glue: one catalog call), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
     /// catalog cannot tell cheaply (REST), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
         let ident = Self::ident(name)?;
@@ -165,6 +173,7 @@ impl Catalog {
                 Ok(row.and_then(|r| r.0))
             }
             Catalog::Hive(h) => h.metadata_location(&ident).await,
+            Catalog::Glue(g) => g.metadata_location(&ident).await,
             Catalog::Rest(_) => Ok(None),
         }
     }
@@ -175,6 +184,7 @@ impl Catalog {
             Catalog::Sql { .. } => "sql",
             Catalog::Rest(_) => "rest",
             Catalog::Hive(_) => "hive",
+            Catalog::Glue(_) => "glue",
         }
     }
 
@@ -200,6 +210,7 @@ impl Catalog {
         match self {
             Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
             Catalog::Hive(h) => h.create_table(&ident, creation).await,
+            Catalog::Glue(g) => g.create_table(&ident, creation).await,
             Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
             Catalog::Rest(c) => {
                 // Servers take the format version from this property.
@@ -243,12 +254,17 @@ impl Catalog {
     async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         match self {
             Catalog::Hadoop(h) => h.commit(table, requirements, updates).await,
-            Catalog::Hive(h) => {
+            Catalog::Hive(_) | Catalog::Glue(_) => {
                 let new_snapshot = updates.iter().find_map(|u| match u {
                     TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
                     _ => None,
                 });
-                match h.commit(table, requirements, updates).await {
+                let res = match self {
+                    Catalog::Hive(h) => h.commit(table, requirements, updates).await,
+                    Catalog::Glue(g) => g.commit(table, requirements, updates).await,
+                    _ => unreachable!("matched above"),
+                };
+                match res {
                     Err(e @ Error::CommitUnknown { .. }) => self.applied_or(table.identifier(), new_snapshot, e).await,
                     other => other,
                 }

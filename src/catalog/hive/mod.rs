@@ -26,21 +26,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iceberg::io::FileIO;
-use iceberg::spec::{PrimitiveType, TableMetadata, TableMetadataBuilder, Type};
+use iceberg::spec::{TableMetadata, TableMetadataBuilder};
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
 
+use super::metastore::{self, METADATA_LOCATION};
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 use thrift::{CallError, Connection, Struct, Value};
 
-/// Metastore table parameter: the table format (`ICEBERG`).
-const TABLE_TYPE: &str = "table_type";
-/// Metastore table parameter: the current metadata file.
-const METADATA_LOCATION: &str = "metadata_location";
-/// Metastore table parameter: the metadata file before the last commit.
-const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
-const ICEBERG: &str = "ICEBERG";
 /// How long a commit waits for the table lock (Iceberg Java's default `iceberg.hive.lock-timeout-ms`).
 const LOCK_TIMEOUT: Duration = Duration::from_secs(180);
 /// Per call: connect, send, and wait for the answer.
@@ -185,22 +179,8 @@ impl HiveCatalog {
         t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default().into_iter().collect()
     }
 
-    /// The current metadata file of an Iceberg table; an error for a Metastore table that is not Iceberg.
     fn iceberg_location(ident: &TableIdent, t: &Struct) -> Result<String> {
-        let params = Self::parameters(t);
-        let kind = params.get(TABLE_TYPE).map(|s| s.to_ascii_uppercase());
-        match (kind.as_deref(), params.get(METADATA_LOCATION)) {
-            (Some(ICEBERG), Some(loc)) => Ok(loc.clone()),
-            (Some(ICEBERG), None) => Err(Error::catalog("hive", format!("table {ident} is marked ICEBERG but has no `metadata_location` parameter"), false)),
-            (k, _) => Err(Error::catalog(
-                "hive",
-                format!(
-                    "table {ident} is not an Iceberg table (table_type = {}); `cdc` reads Iceberg tables only — migrate it with Spark's `CALL system.migrate` or `snapshot` first",
-                    k.unwrap_or("none")
-                ),
-                false,
-            )),
-        }
+        metastore::iceberg_location("hive", ident, &Self::parameters(t))
     }
 
     /// The current metadata file of `ident` (one Metastore call), `None` when the table does not exist.
@@ -462,32 +442,9 @@ enum Swap {
     Unknown(Error),
 }
 
-/// Sets the Metastore parameters of a committed table: the pointer, Iceberg's marker, and the table's properties
-/// (removed ones dropped), as Iceberg Java does so that Hive's `SHOW TBLPROPERTIES` tells the truth.
+/// Sets the Metastore parameters of a committed table ([`metastore::parameters`]).
 fn set_parameters(t: &mut Struct, old: Option<&TableMetadata>, new: &TableMetadata, location: &str, previous: Option<&str>) {
-    let mut params: Vec<(String, String)> = t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default();
-    if let Some(old) = old {
-        params.retain(|(k, _)| !old.properties().contains_key(k) || new.properties().contains_key(k));
-    }
-    let mut put = |k: &str, v: String| match params.iter_mut().find(|(pk, _)| pk == k) {
-        Some(slot) => slot.1 = v,
-        None => params.push((k.to_string(), v)),
-    };
-    for (k, v) in new.properties() {
-        put(k, v.clone());
-    }
-    put(TABLE_TYPE, ICEBERG.into());
-    put("EXTERNAL", "TRUE".into());
-    put(METADATA_LOCATION, location.into());
-    if let Some(p) = previous {
-        put(PREVIOUS_METADATA_LOCATION, p.into());
-    }
-    put("uuid", new.uuid().to_string());
-    if let Some(s) = new.current_snapshot() {
-        put("current-snapshot-id", s.snapshot_id().to_string());
-        put("current-snapshot-timestamp-ms", s.timestamp_ms().to_string());
-    }
-    put("snapshot-count", new.snapshots().count().to_string());
+    let params = metastore::parameters(t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default(), old, new, location, previous);
     t.set(table::PARAMETERS, Value::string_map(params.iter().map(|(k, v)| (k.as_str(), v.as_str()))));
 }
 
@@ -508,45 +465,12 @@ fn storage_descriptor(metadata: &TableMetadata) -> Struct {
 
 /// The current schema as Hive columns (`FieldSchema` list).
 fn columns(metadata: &TableMetadata) -> Value {
-    let schema = metadata.current_schema();
     Value::struct_list(
-        schema
-            .as_struct()
-            .fields()
-            .iter()
-            .map(|f| {
-                Struct::of([
-                    (1, Value::str(f.name.clone())),
-                    (2, Value::str(hive_type(&f.field_type))),
-                    (3, Value::str(f.doc.clone().unwrap_or_default())),
-                ])
-            })
+        metastore::columns(metadata)
+            .into_iter()
+            .map(|c| Struct::of([(1, Value::str(c.name)), (2, Value::str(c.hive_type)), (3, Value::str(c.comment))]))
             .collect(),
     )
-}
-
-/// The Hive type name of an Iceberg type (Iceberg Java's `HiveSchemaUtil` mapping).
-fn hive_type(t: &Type) -> String {
-    match t {
-        Type::Primitive(p) => match p {
-            PrimitiveType::Boolean => "boolean".into(),
-            PrimitiveType::Int => "int".into(),
-            PrimitiveType::Long => "bigint".into(),
-            PrimitiveType::Float => "float".into(),
-            PrimitiveType::Double => "double".into(),
-            PrimitiveType::Decimal { precision, scale } => format!("decimal({precision},{scale})"),
-            PrimitiveType::Date => "date".into(),
-            PrimitiveType::Timestamp | PrimitiveType::TimestampNs => "timestamp".into(),
-            PrimitiveType::Timestamptz | PrimitiveType::TimestamptzNs => "timestamp with local time zone".into(),
-            PrimitiveType::Time | PrimitiveType::String | PrimitiveType::Uuid => "string".into(),
-            PrimitiveType::Fixed(_) | PrimitiveType::Binary => "binary".into(),
-        },
-        Type::Struct(s) => {
-            format!("struct<{}>", s.fields().iter().map(|f| format!("{}:{}", f.name, hive_type(&f.field_type))).collect::<Vec<_>>().join(","))
-        }
-        Type::List(l) => format!("array<{}>", hive_type(&l.element_field.field_type)),
-        Type::Map(m) => format!("map<{},{}>", hive_type(&m.key_field.field_type), hive_type(&m.value_field.field_type)),
-    }
 }
 
 fn user() -> String {
@@ -560,31 +484,6 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iceberg::spec::{ListType, MapType, NestedField, StructType};
-
-    #[test]
-    fn hive_types_follow_iceberg_java() {
-        let t = Type::Struct(StructType::new(vec![
-            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
-            NestedField::optional(
-                2,
-                "tags",
-                Type::List(ListType::new(NestedField::list_element(3, Type::Primitive(PrimitiveType::String), false).into())),
-            )
-            .into(),
-            NestedField::optional(
-                4,
-                "m",
-                Type::Map(MapType::new(
-                    NestedField::map_key_element(5, Type::Primitive(PrimitiveType::Int)).into(),
-                    NestedField::map_value_element(6, Type::Primitive(PrimitiveType::Decimal { precision: 10, scale: 2 }), false).into(),
-                )),
-            )
-            .into(),
-        ]));
-        assert_eq!(hive_type(&t), "struct<id:bigint,tags:array<string>,m:map<int,decimal(10,2)>>");
-        assert_eq!(hive_type(&Type::Primitive(PrimitiveType::Timestamptz)), "timestamp with local time zone");
-    }
 
     #[test]
     fn uris_name_a_thrift_endpoint() {
@@ -593,16 +492,6 @@ mod tests {
         assert_eq!(c("thrift://meta").unwrap(), "meta:9083");
         assert!(c("http://meta:9083").is_err());
         assert!(c("thrift://").is_err());
-    }
-
-    #[test]
-    fn only_iceberg_tables_are_loaded() {
-        let ident = TableIdent::from_strs(["db", "t"]).unwrap();
-        let with = |params: &[(&str, &str)]| Struct::of([(table::PARAMETERS, Value::string_map(params.iter().copied()))]);
-        assert_eq!(HiveCatalog::iceberg_location(&ident, &with(&[("table_type", "iceberg"), ("metadata_location", "m")])).unwrap(), "m");
-        let e = HiveCatalog::iceberg_location(&ident, &with(&[("EXTERNAL", "TRUE")])).unwrap_err().to_string();
-        assert!(e.contains("not an Iceberg table") && e.contains("migrate"), "{e}");
-        assert!(HiveCatalog::iceberg_location(&ident, &with(&[("table_type", "ICEBERG")])).is_err());
     }
 
     #[test]

@@ -1,0 +1,468 @@
+//! Iceberg tables in the AWS Glue Data Catalog (`type = "glue"`), read and committed the way Iceberg Java's
+//! `GlueCatalog` does: a Glue table whose parameters say `table_type = ICEBERG` points at its current metadata file
+//! in `metadata_location` ([`super::metastore`]).
+//!
+//! Commit (the order is the invariant):
+//! 1. write the new metadata file (a fresh name);
+//! 2. `GetTable`: its `metadata_location` must still be the file the change was planned on, else conflict;
+//! 3. `UpdateTable` with the swapped pointer and the `VersionId` step 2 read — Glue refuses the update with
+//!    `ConcurrentModificationException` when another writer updated the table in between, which makes 2–3 a
+//!    compare-and-set (`SkipArchive`: no table version per commit, Iceberg Java's default).
+//!
+//! A refused commit deletes its metadata file; one whose answer was lost keeps it and is settled by the caller
+//! reloading. Calls are Glue's JSON-RPC over HTTPS, signed with SigV4 ([`sigv4`]); reads are retried on transport
+//! errors, throttling and 5xx with jittered backoff, an `UpdateTable` never blindly.
+pub(crate) mod sigv4;
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
+use std::time::Duration;
+
+use iceberg::io::FileIO;
+use iceberg::spec::{TableMetadata, TableMetadataBuilder};
+use iceberg::table::Table;
+use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
+use serde_json::{json, Map, Value};
+
+use super::metastore;
+use crate::error::{Error, Result};
+use crate::storage::{self, CdcStorageFactory};
+use sigv4::Credentials;
+
+/// Catalog keys of `type = "glue"` (besides `warehouse` and storage properties).
+pub mod keys {
+    /// AWS region (default: `AWS_REGION`, `AWS_DEFAULT_REGION`).
+    pub const REGION: &str = "region";
+    /// Glue endpoint (default `https://glue.<region>.amazonaws.com`); for VPC endpoints and emulators.
+    pub const ENDPOINT: &str = "endpoint";
+    /// The AWS account id whose Data Catalog holds the tables (default: the caller's).
+    pub const CATALOG_ID: &str = "catalog-id";
+    /// Static credentials (default: the environment, then the shared credentials file).
+    pub const ACCESS_KEY_ID: &str = "access-key-id";
+    pub const SECRET_ACCESS_KEY: &str = "secret-access-key";
+    pub const SESSION_TOKEN: &str = "session-token";
+    /// Profile of the shared credentials file (default `AWS_PROFILE`, then `default`).
+    pub const PROFILE: &str = "profile";
+    /// Every key the catalog takes itself.
+    pub const ALL: &[&str] = &[REGION, ENDPOINT, CATALOG_ID, ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN, PROFILE];
+}
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+const READ_ATTEMPTS: u32 = 4;
+
+/// An AWS Glue Data Catalog.
+pub struct GlueCatalog {
+    http: reqwest::Client,
+    endpoint: reqwest::Url,
+    region: String,
+    catalog_id: Option<String>,
+    credentials: Credentials,
+    warehouse: Option<String>,
+    storage: CdcStorageFactory,
+    /// Storage properties for the tables' files; S3 gets the catalog's credentials and region unless given its own.
+    storage_props: HashMap<String, String>,
+}
+
+/// A Glue error: its type (`EntityNotFoundException`, …) and message, or a transport failure.
+#[derive(Debug)]
+struct CallError {
+    kind: String,
+    message: String,
+    /// Whether the request may have been processed (false: surely not sent, or refused before processing).
+    maybe_applied: bool,
+    retryable: bool,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl GlueCatalog {
+    /// A catalog from the section's keys; fails when no region or no credentials are found.
+    pub fn new(props: &BTreeMap<String, String>, warehouse: Option<String>, storage: CdcStorageFactory) -> Result<Self> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let region = props
+            .get(keys::REGION)
+            .cloned()
+            .or_else(|| env("AWS_REGION"))
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .ok_or_else(|| Error::Config(vec!["glue catalog: no region; set the catalog's `region` or AWS_REGION".into()]))?;
+        let endpoint = props.get(keys::ENDPOINT).cloned().unwrap_or_else(|| format!("https://glue.{region}.amazonaws.com"));
+        let endpoint = reqwest::Url::parse(&endpoint).map_err(|e| Error::Config(vec![format!("glue catalog endpoint `{endpoint}`: {e}")]))?;
+        let credentials = Credentials::resolve(props, env).ok_or_else(|| Error::Auth {
+            source_name: "aws".into(),
+            message: format!("no AWS credentials for the Glue catalog; give them through {}", sigv4::SOURCES),
+            retryable: false,
+            cause: None,
+        })?;
+        let mut storage_props: HashMap<String, String> =
+            props.iter().filter(|(k, _)| !keys::ALL.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+        if !storage_props.contains_key(storage::props::S3_ACCESS_KEY_ID) {
+            storage_props.insert(storage::props::S3_ACCESS_KEY_ID.into(), credentials.access_key_id.clone());
+            storage_props.insert(storage::props::S3_SECRET_ACCESS_KEY.into(), credentials.secret_access_key.clone());
+            if let Some(t) = &credentials.session_token {
+                storage_props.insert(storage::props::S3_SESSION_TOKEN.into(), t.clone());
+            }
+        }
+        storage_props.entry(storage::props::CLIENT_REGION.into()).or_insert_with(|| region.clone());
+        let http = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .build()
+            .map_err(|e| Error::catalog("glue", format!("cannot build an HTTP client: {e}"), false))?;
+        Ok(GlueCatalog { http, endpoint, region, catalog_id: props.get(keys::CATALOG_ID).cloned(), credentials, warehouse, storage, storage_props })
+    }
+
+    fn file_io(&self) -> FileIO {
+        storage::file_io(self.storage.clone(), &self.storage_props)
+    }
+
+    /// The storage factory of this catalog's tables.
+    pub(crate) fn storage(&self) -> CdcStorageFactory {
+        self.storage.clone()
+    }
+
+    fn error(&self, what: &str, e: CallError) -> Error {
+        let auth = ["AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException", "ExpiredTokenException"];
+        if auth.contains(&e.kind.as_str()) {
+            return Error::Auth {
+                source_name: "aws".into(),
+                message: format!("{what}: {e} — check the credentials ({}) and the IAM permissions on glue:*Table/glue:*Database", sigv4::SOURCES),
+                retryable: false,
+                cause: None,
+            };
+        }
+        Error::catalog("glue", format!("{what}: {e}"), e.retryable)
+    }
+
+    /// One signed call of operation `op`; reads (`idempotent`) are retried on transport errors, throttling and 5xx.
+    async fn call(&self, op: &str, mut body: Value, idempotent: bool) -> std::result::Result<Value, CallError> {
+        if let (Some(id), Some(obj)) = (&self.catalog_id, body.as_object_mut()) {
+            obj.insert("CatalogId".into(), Value::String(id.clone()));
+        }
+        let payload = serde_json::to_vec(&body).expect("JSON values serialise");
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let res = self.send(op, &payload).await;
+            match res {
+                Err(e) if e.retryable && (idempotent || !e.maybe_applied) && attempt < READ_ATTEMPTS => {
+                    tokio::time::sleep(crate::backoff::delay(Duration::from_millis(200), attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send(&self, op: &str, payload: &[u8]) -> std::result::Result<Value, CallError> {
+        let amz_date = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+        let host = match self.endpoint.port() {
+            Some(p) => format!("{}:{p}", self.endpoint.host_str().unwrap_or_default()),
+            None => self.endpoint.host_str().unwrap_or_default().to_string(),
+        };
+        let target = format!("AWSGlue.{op}");
+        let mut headers = vec![
+            ("content-type", "application/x-amz-json-1.1"),
+            ("host", host.as_str()),
+            ("x-amz-date", amz_date.as_str()),
+            ("x-amz-target", target.as_str()),
+        ];
+        if let Some(t) = &self.credentials.session_token {
+            headers.push(("x-amz-security-token", t.as_str()));
+        }
+        let path = self.endpoint.path().to_string();
+        let auth = sigv4::sign(
+            &self.credentials,
+            &self.region,
+            "glue",
+            &amz_date,
+            &sigv4::Request { method: "POST", path: &path, query: "", headers: &headers, payload },
+        );
+        let mut req = self.http.post(self.endpoint.clone()).header("authorization", auth).body(payload.to_vec());
+        for (k, v) in headers.iter().filter(|(k, _)| *k != "host") {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.map_err(|e| CallError {
+            kind: "transport".into(),
+            message: format!("{e} (endpoint {})", self.endpoint),
+            maybe_applied: !e.is_connect(),
+            retryable: true,
+        })?;
+        let status = resp.status();
+        let text =
+            resp.text().await.map_err(|e| CallError { kind: "transport".into(), message: e.to_string(), maybe_applied: true, retryable: true })?;
+        if status.is_success() {
+            return serde_json::from_str(&text).map_err(|e| CallError {
+                kind: "protocol".into(),
+                message: format!("{op}: not a Glue answer ({e})"),
+                maybe_applied: true,
+                retryable: false,
+            });
+        }
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let kind =
+            body.get("__type").and_then(Value::as_str).map(|t| t.rsplit('#').next().unwrap_or(t).to_string()).unwrap_or_else(|| status.to_string());
+        let message =
+            body.get("message").or_else(|| body.get("Message")).and_then(Value::as_str).unwrap_or(text.as_str()).chars().take(500).collect();
+        let throttled = kind.contains("Throttling") || status.as_u16() == 429;
+        Err(CallError { maybe_applied: status.is_server_error(), retryable: throttled || status.is_server_error(), kind, message })
+    }
+
+    fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
+        let ns = ident.namespace().as_ref();
+        if ns.len() != 1 {
+            return Err(Error::Config(vec![format!(
+                "table `{ident}`: the Glue Data Catalog has one level of namespace (`database.table`); `{}` has {}",
+                ident.namespace().join("."),
+                ns.len()
+            )]));
+        }
+        Ok((ns[0].clone(), ident.name().to_string()))
+    }
+
+    /// The Glue table, `None` when it (or its database) does not exist.
+    async fn glue_table(&self, db: &str, name: &str) -> Result<Option<Map<String, Value>>> {
+        match self.call("GetTable", json!({"DatabaseName": db, "Name": name}), true).await {
+            Ok(v) => match v.get("Table") {
+                Some(Value::Object(t)) => Ok(Some(t.clone())),
+                _ => Err(Error::catalog("glue", format!("GetTable {db}.{name}: the answer holds no table"), false)),
+            },
+            Err(e) if e.kind == "EntityNotFoundException" => Ok(None),
+            Err(e) => Err(self.error(&format!("cannot read table {db}.{name}"), e)),
+        }
+    }
+
+    fn parameters(t: &Map<String, Value>) -> Vec<(String, String)> {
+        t.get("Parameters")
+            .and_then(Value::as_object)
+            .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+            .unwrap_or_default()
+    }
+
+    fn iceberg_location(ident: &TableIdent, t: &Map<String, Value>) -> Result<String> {
+        metastore::iceberg_location("glue", ident, &Self::parameters(t).into_iter().collect())
+    }
+
+    /// The current metadata file of `ident` (one Glue call), `None` when the table does not exist.
+    pub async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        let (db, name) = Self::db_and_name(ident)?;
+        match self.glue_table(&db, &name).await? {
+            Some(t) => Ok(Some(Self::iceberg_location(ident, &t)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Loads `ident`'s current metadata.
+    pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        let location = self
+            .metadata_location(ident)
+            .await?
+            .ok_or_else(|| Error::TableNotFound { catalog: format!("glue:{}", self.region), table: ident.to_string() })?;
+        self.table_at(ident, &location).await
+    }
+
+    async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
+        let io = self.file_io();
+        let metadata = TableMetadata::read_from(&io, location)
+            .await
+            .map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
+        Ok(Table::builder()
+            .identifier(ident.clone())
+            .metadata(metadata)
+            .metadata_location(location.to_string())
+            .file_io(io)
+            .runtime(iceberg::Runtime::try_current()?)
+            .build()?)
+    }
+
+    /// Where a new table of `db` goes: the database's location, or `<warehouse>/<db>.db`; creates a missing database.
+    async fn database_location(&self, db: &str) -> Result<String> {
+        let fallback = self.warehouse.as_deref().map(|w| format!("{}/{db}.db", w.trim_end_matches('/')));
+        match self.call("GetDatabase", json!({"Name": db}), true).await {
+            Ok(v) => {
+                let loc = v.pointer("/Database/LocationUri").and_then(Value::as_str).filter(|l| !l.is_empty()).map(str::to_string);
+                return loc.or(fallback).ok_or_else(|| {
+                    Error::Config(vec![format!(
+                        "glue catalog: database `{db}` has no location; set the catalog's `warehouse` so `cdc` can place tables"
+                    )])
+                });
+            }
+            Err(e) if e.kind == "EntityNotFoundException" => {}
+            Err(e) => return Err(self.error(&format!("cannot read database {db}"), e)),
+        }
+        let location = fallback.ok_or_else(|| {
+            Error::Config(vec![format!("glue catalog: database `{db}` does not exist; set the catalog's `warehouse` so `cdc` can create it there")])
+        })?;
+        match self.call("CreateDatabase", json!({"DatabaseInput": {"Name": db, "LocationUri": location}}), false).await {
+            Ok(_) => {}
+            Err(e) if e.kind == "AlreadyExistsException" => {}
+            Err(e) => return Err(self.error(&format!("cannot create database {db}"), e)),
+        }
+        Ok(location)
+    }
+
+    /// Creates `ident`: its first metadata file, then the Glue table pointing at it.
+    pub async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        let (db, name) = Self::db_and_name(ident)?;
+        let location = match creation.location.clone() {
+            Some(l) => l,
+            None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
+        };
+        let creation = TableCreation { location: Some(location.clone()), ..creation };
+        let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
+        let meta_loc = MetadataLocation::new_with_metadata(&location, &metadata);
+        let io = self.file_io();
+        metadata.write_to(&io, &meta_loc).await?;
+        let meta_loc = meta_loc.to_string();
+        let input = table_input(Map::new(), &name, None, &metadata, &meta_loc, None);
+        if let Err(e) = self.call("CreateTable", json!({"DatabaseName": db, "TableInput": input}), false).await {
+            let _ = io.delete(&meta_loc).await;
+            return Err(if e.kind == "AlreadyExistsException" {
+                Error::catalog("glue", format!("table {ident} already exists"), false)
+            } else {
+                self.error(&format!("cannot create table {ident}"), e)
+            });
+        }
+        self.table_at(ident, &meta_loc).await
+    }
+
+    /// Applies `updates` when `requirements` hold and Glue still points at `table`'s metadata file (see the module
+    /// header). Returns the committed table.
+    pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
+        let ident = table.identifier();
+        let (db, name) = Self::db_and_name(ident)?;
+        let base = table.metadata_location_result()?.to_string();
+        let new_meta = super::apply_updates(table.metadata(), &base, &requirements, updates)?;
+        let loc = MetadataLocation::from_str(&base)
+            .map(|l| l.with_next_version().with_new_metadata(&new_meta))
+            .unwrap_or_else(|_| MetadataLocation::new_with_metadata(new_meta.location(), &new_meta));
+        let io = self.file_io();
+        new_meta.write_to(&io, &loc).await?;
+        let new_loc = loc.to_string();
+        let refused = |e: Error| async {
+            let _ = io.delete(&new_loc).await;
+            Err(e)
+        };
+
+        let current = match self.glue_table(&db, &name).await {
+            Ok(Some(t)) => t,
+            Ok(None) => return refused(Error::TableNotFound { catalog: format!("glue:{}", self.region), table: ident.to_string() }).await,
+            Err(e) => return refused(e).await,
+        };
+        match Self::iceberg_location(ident, &current) {
+            Ok(l) if l == base => {}
+            Ok(l) => {
+                let message = format!("Glue points at {l}, not at {base} the change was planned on");
+                return refused(Error::Conflict { table: ident.to_string(), message }).await;
+            }
+            Err(e) => return refused(e).await,
+        }
+        let version = current.get("VersionId").cloned();
+        let input = table_input(current, &name, Some(table.metadata()), &new_meta, &new_loc, Some(&base));
+        let mut body = json!({"DatabaseName": db, "TableInput": input, "SkipArchive": true});
+        if let Some(v) = version {
+            body["VersionId"] = v;
+        }
+        match self.call("UpdateTable", body, false).await {
+            Ok(_) => self.table_at(ident, &new_loc).await,
+            Err(e) if e.kind == "ConcurrentModificationException" => {
+                refused(Error::Conflict { table: ident.to_string(), message: e.to_string() }).await
+            }
+            Err(e) if e.maybe_applied => Err(Error::CommitUnknown { catalog: "glue".into(), message: e.to_string() }),
+            Err(e) => refused(self.error(&format!("Glue refused the commit to {ident}"), e)).await,
+        }
+    }
+}
+
+/// A `TableInput` for `CreateTable`/`UpdateTable`: the fields of `current` (a `GetTable` answer) that an input may
+/// carry, with the parameters of the commit and the storage descriptor's location and columns of `new`.
+fn table_input(
+    current: Map<String, Value>,
+    name: &str,
+    old: Option<&TableMetadata>,
+    new: &TableMetadata,
+    location: &str,
+    previous: Option<&str>,
+) -> Value {
+    const INPUT_FIELDS: &[&str] = &[
+        "Description",
+        "Owner",
+        "LastAccessTime",
+        "LastAnalyzedTime",
+        "Retention",
+        "StorageDescriptor",
+        "PartitionKeys",
+        "ViewOriginalText",
+        "ViewExpandedText",
+        "TableType",
+        "TargetTable",
+    ];
+    let params = metastore::parameters(GlueCatalog::parameters(&current), old, new, location, previous);
+    let mut input: Map<String, Value> = current.into_iter().filter(|(k, _)| INPUT_FIELDS.contains(&k.as_str())).collect();
+    input.insert("Name".into(), json!(name));
+    input.entry("TableType").or_insert(json!("EXTERNAL_TABLE"));
+    input.insert("Parameters".into(), Value::Object(params.into_iter().map(|(k, v)| (k, Value::String(v))).collect()));
+    let columns: Vec<Value> = metastore::columns(new)
+        .into_iter()
+        .map(|c| {
+            let mut col = json!({"Name": c.name, "Type": c.hive_type});
+            if !c.comment.is_empty() {
+                col["Comment"] = json!(c.comment);
+            }
+            col
+        })
+        .collect();
+    let sd = input.entry("StorageDescriptor").or_insert(json!({}));
+    if let Some(sd) = sd.as_object_mut() {
+        sd.insert("Location".into(), json!(new.location()));
+        sd.insert("Columns".into(), Value::Array(columns));
+    }
+    Value::Object(input)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+
+    fn metadata(props: &[(&str, &str)]) -> TableMetadata {
+        let schema =
+            Schema::builder().with_fields(vec![NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into()]).build().unwrap();
+        let creation = TableCreation::builder()
+            .name("t".into())
+            .location("s3://b/wh/db.db/t".into())
+            .schema(schema)
+            .properties(props.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .build();
+        TableMetadataBuilder::from_table_creation(creation).unwrap().build().unwrap().metadata
+    }
+
+    #[test]
+    fn an_update_keeps_what_it_may_and_drops_what_an_input_cannot_carry() {
+        let old = metadata(&[("owner-note", "x"), ("gone", "1")]);
+        let new = metadata(&[("owner-note", "y")]);
+        let current = json!({
+            "Name": "t", "DatabaseName": "db", "CreateTime": 1.7e9, "VersionId": "7", "CatalogId": "123", "Owner": "etl",
+            "TableType": "EXTERNAL_TABLE",
+            "Parameters": {"table_type": "ICEBERG", "metadata_location": "s3://old", "gone": "1", "lake_formation": "keep"},
+            "StorageDescriptor": {"Location": "s3://b/wh/db.db/t", "SerdeInfo": {"SerializationLibrary": "x"}}
+        });
+        let Value::Object(current) = current else { unreachable!() };
+        let input = table_input(current, "t", Some(&old), &new, "s3://new", Some("s3://old"));
+        for absent in ["DatabaseName", "CreateTime", "VersionId", "CatalogId"] {
+            assert!(input.get(absent).is_none(), "{absent} is not a TableInput field");
+        }
+        assert_eq!(input["Owner"], "etl");
+        let p = &input["Parameters"];
+        assert_eq!((p["metadata_location"].as_str(), p["previous_metadata_location"].as_str()), (Some("s3://new"), Some("s3://old")));
+        assert_eq!((p["owner-note"].as_str(), p.get("gone"), p["lake_formation"].as_str()), (Some("y"), None, Some("keep")));
+        assert_eq!(input["StorageDescriptor"]["Columns"], json!([{"Name": "id", "Type": "bigint"}]));
+        assert_eq!(input["StorageDescriptor"]["SerdeInfo"]["SerializationLibrary"], "x");
+    }
+
+    #[test]
+    fn namespaces_are_one_level() {
+        assert!(GlueCatalog::db_and_name(&TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
+    }
+}

@@ -1,0 +1,156 @@
+//! What the Hive Metastore and the AWS Glue Data Catalog share: an Iceberg table is a metastore table whose
+//! parameters say `table_type = ICEBERG` and hold the current metadata file in `metadata_location` (Iceberg Java's
+//! convention, which Spark, Hive, Trino, Athena and `cdc` all follow). This module reads that convention and writes
+//! it — the parameters of a committed table and the columns tools show — the way Iceberg Java does.
+use std::collections::HashMap;
+
+use iceberg::spec::{PrimitiveType, TableMetadata, Type};
+use iceberg::TableIdent;
+
+use crate::error::{Error, Result};
+
+/// Table parameter: the table format (`ICEBERG`).
+pub(crate) const TABLE_TYPE: &str = "table_type";
+/// Table parameter: the current metadata file.
+pub(crate) const METADATA_LOCATION: &str = "metadata_location";
+/// Table parameter: the metadata file before the last commit.
+pub(crate) const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
+const ICEBERG: &str = "ICEBERG";
+
+/// The current metadata file of an Iceberg table, from its parameters; an error naming the table when it is not an
+/// Iceberg table. `catalog` labels the error ("hive", "glue").
+pub(crate) fn iceberg_location(catalog: &str, ident: &TableIdent, params: &HashMap<String, String>) -> Result<String> {
+    let kind = params.get(TABLE_TYPE).map(|s| s.to_ascii_uppercase());
+    match (kind.as_deref(), params.get(METADATA_LOCATION)) {
+        (Some(ICEBERG), Some(loc)) => Ok(loc.clone()),
+        (Some(ICEBERG), None) => Err(Error::catalog(catalog, format!("table {ident} is marked ICEBERG but has no `metadata_location` parameter"), false)),
+        (k, _) => Err(Error::catalog(
+            catalog,
+            format!(
+                "table {ident} is not an Iceberg table (table_type = {}); `cdc` reads Iceberg tables only — migrate it with Spark's `CALL system.migrate` or `snapshot` first",
+                k.unwrap_or("none")
+            ),
+            false,
+        )),
+    }
+}
+
+/// The parameters of a table after a commit: `params` as they were, minus the table properties the commit removed,
+/// plus the new table properties, Iceberg's marker, the pointer (`location`, and `previous`), and the snapshot
+/// summary Iceberg Java keeps there — so that `SHOW TBLPROPERTIES` in Hive or Athena tells the truth.
+pub(crate) fn parameters(
+    mut params: Vec<(String, String)>,
+    old: Option<&TableMetadata>,
+    new: &TableMetadata,
+    location: &str,
+    previous: Option<&str>,
+) -> Vec<(String, String)> {
+    if let Some(old) = old {
+        params.retain(|(k, _)| !old.properties().contains_key(k) || new.properties().contains_key(k));
+    }
+    let mut put = |k: &str, v: String| match params.iter_mut().find(|(pk, _)| pk == k) {
+        Some(slot) => slot.1 = v,
+        None => params.push((k.to_string(), v)),
+    };
+    for (k, v) in new.properties() {
+        put(k, v.clone());
+    }
+    put(TABLE_TYPE, ICEBERG.into());
+    put("EXTERNAL", "TRUE".into());
+    put(METADATA_LOCATION, location.into());
+    if let Some(p) = previous {
+        put(PREVIOUS_METADATA_LOCATION, p.into());
+    }
+    put("uuid", new.uuid().to_string());
+    if let Some(s) = new.current_snapshot() {
+        put("current-snapshot-id", s.snapshot_id().to_string());
+        put("current-snapshot-timestamp-ms", s.timestamp_ms().to_string());
+    }
+    put("snapshot-count", new.snapshots().count().to_string());
+    params
+}
+
+/// One column as a metastore lists it.
+pub(crate) struct Column {
+    /// The column's name.
+    pub name: String,
+    /// Its Hive type name ([`hive_type`]).
+    pub hive_type: String,
+    /// Its doc string (empty when none).
+    pub comment: String,
+}
+
+/// The current schema's top-level columns, for tools that list a metastore's columns.
+pub(crate) fn columns(metadata: &TableMetadata) -> Vec<Column> {
+    metadata
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| Column { name: f.name.clone(), hive_type: hive_type(&f.field_type), comment: f.doc.clone().unwrap_or_default() })
+        .collect()
+}
+
+/// The Hive type name of an Iceberg type (Iceberg Java's `HiveSchemaUtil` mapping).
+pub(crate) fn hive_type(t: &Type) -> String {
+    match t {
+        Type::Primitive(p) => match p {
+            PrimitiveType::Boolean => "boolean".into(),
+            PrimitiveType::Int => "int".into(),
+            PrimitiveType::Long => "bigint".into(),
+            PrimitiveType::Float => "float".into(),
+            PrimitiveType::Double => "double".into(),
+            PrimitiveType::Decimal { precision, scale } => format!("decimal({precision},{scale})"),
+            PrimitiveType::Date => "date".into(),
+            PrimitiveType::Timestamp | PrimitiveType::TimestampNs => "timestamp".into(),
+            PrimitiveType::Timestamptz | PrimitiveType::TimestamptzNs => "timestamp with local time zone".into(),
+            PrimitiveType::Time | PrimitiveType::String | PrimitiveType::Uuid => "string".into(),
+            PrimitiveType::Fixed(_) | PrimitiveType::Binary => "binary".into(),
+        },
+        Type::Struct(s) => {
+            format!("struct<{}>", s.fields().iter().map(|f| format!("{}:{}", f.name, hive_type(&f.field_type))).collect::<Vec<_>>().join(","))
+        }
+        Type::List(l) => format!("array<{}>", hive_type(&l.element_field.field_type)),
+        Type::Map(m) => format!("map<{},{}>", hive_type(&m.key_field.field_type), hive_type(&m.value_field.field_type)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::{ListType, MapType, NestedField, StructType};
+
+    #[test]
+    fn hive_types_follow_iceberg_java() {
+        let t = Type::Struct(StructType::new(vec![
+            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+            NestedField::optional(
+                2,
+                "tags",
+                Type::List(ListType::new(NestedField::list_element(3, Type::Primitive(PrimitiveType::String), false).into())),
+            )
+            .into(),
+            NestedField::optional(
+                4,
+                "m",
+                Type::Map(MapType::new(
+                    NestedField::map_key_element(5, Type::Primitive(PrimitiveType::Int)).into(),
+                    NestedField::map_value_element(6, Type::Primitive(PrimitiveType::Decimal { precision: 10, scale: 2 }), false).into(),
+                )),
+            )
+            .into(),
+        ]));
+        assert_eq!(hive_type(&t), "struct<id:bigint,tags:array<string>,m:map<int,decimal(10,2)>>");
+        assert_eq!(hive_type(&Type::Primitive(PrimitiveType::Timestamptz)), "timestamp with local time zone");
+    }
+
+    #[test]
+    fn only_iceberg_tables_have_a_location() {
+        let ident = TableIdent::from_strs(["db", "t"]).unwrap();
+        let params = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>();
+        assert_eq!(iceberg_location("hive", &ident, &params(&[("table_type", "iceberg"), ("metadata_location", "m")])).unwrap(), "m");
+        let e = iceberg_location("glue", &ident, &params(&[("EXTERNAL", "TRUE")])).unwrap_err().to_string();
+        assert!(e.contains("not an Iceberg table") && e.contains("migrate") && e.contains("glue"), "{e}");
+        assert!(iceberg_location("hive", &ident, &params(&[("table_type", "ICEBERG")])).is_err());
+    }
+}
