@@ -61,10 +61,10 @@ start)
 </configuration>
 XML
   if [ ! -d "$dir/metastore_db" ]; then
-    METASTORE_HOME="$home/home" java -cp "$dir/conf:$home/lib/*" org.apache.hadoop.hive.metastore.tools.MetastoreSchemaTool \
+    METASTORE_HOME="$home/home" java -Dderby.stream.error.file="$dir/derby.log" -cp "$dir/conf:$home/lib/*" org.apache.hadoop.hive.metastore.tools.MetastoreSchemaTool \
       -dbType derby -initSchema >"$dir/schema.log" 2>&1 || { cat "$dir/schema.log" >&2; echo "hive-metastore: schema init failed" >&2; exit 1; }
   fi
-  nohup java -Xmx512m -cp "$dir/conf:$home/lib/*" org.apache.hadoop.hive.metastore.HiveMetaStore >"$dir/server.log" 2>&1 &
+  nohup java -Xmx512m -Dderby.stream.error.file="$dir/derby.log" -cp "$dir/conf:$home/lib/*" org.apache.hadoop.hive.metastore.HiveMetaStore >"$dir/server.log" 2>&1 &
   echo $! >"$dir/pid"; echo "$port" >"$dir/port"
   for _ in $(seq 1 120); do
     if (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "thrift://127.0.0.1:$port"; exit 0; fi

@@ -294,7 +294,7 @@ fn projected_stream(
     } else {
         target
     };
-    let file_schema = builder.schema().clone();
+    let file_schema = crate::spec::name_mapping::map_schema(builder.schema(), &target).unwrap_or_else(|| builder.schema().clone());
     let wanted: HashSet<i32> = target.fields().iter().filter_map(|f| field_id(f)).collect();
     let names: HashSet<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
     let roots: Vec<usize> = file_schema
@@ -316,9 +316,19 @@ fn projected_stream(
     }))
 }
 
-/// Projects `batch` onto `target` by field id at every nesting level (names only for files without ids), casting
+/// Projects `batch` onto `target` by field id at every nesting level (ids from the name mapping the target carries for
+/// files without ids — see [`crate::spec::name_mapping`] — else by name), casting
 /// promoted types, nulls for the rest. Top-level columns come back nullable.
 pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
+    // a file written without ids, in a table with a name mapping: ids from the mapping first
+    let mapped;
+    let batch = match crate::spec::name_mapping::map_schema(&batch.schema(), target) {
+        Some(schema) => {
+            mapped = crate::source::format::relabel_batch(batch, &schema)?;
+            &mapped
+        }
+        None => batch,
+    };
     // The target may declare a column required that older files lack; we are reading, not validating.
     projection::project_batch(batch, &relax(target), &Some)
 }

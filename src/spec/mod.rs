@@ -3,6 +3,7 @@
 //! row comparison. Neither side imports the other; both import this.
 pub(crate) mod dv;
 pub mod lineage;
+pub(crate) mod name_mapping;
 pub(crate) mod projection;
 pub(crate) mod rowenc;
 

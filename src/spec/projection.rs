@@ -19,6 +19,18 @@ pub fn field_id(f: &Field) -> Option<i32> {
     f.metadata().get(PARQUET_FIELD_ID_META_KEY).and_then(|v| v.parse().ok())
 }
 
+/// `field` carrying Iceberg field id `id` (when there is one), the way Parquet's reader marks fields.
+pub fn with_id(field: Field, id: Option<i32>) -> Field {
+    match id {
+        Some(id) => {
+            let mut meta = field.metadata().clone();
+            meta.insert(PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string());
+            field.with_metadata(meta)
+        }
+        None => field,
+    }
+}
+
 /// Projects every column of `batch` onto `target` by field id. `map` turns a target field id into the id the same
 /// field has in `batch`. Missing columns are null; the result has `target`'s schema.
 pub fn project_batch(batch: &RecordBatch, target: &SchemaRef, map: &dyn Fn(i32) -> Option<i32>) -> Result<RecordBatch> {

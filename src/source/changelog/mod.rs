@@ -287,7 +287,8 @@ impl<'a> ChangelogScan<'a> {
             return Ok(stats);
         }
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
-        let data_schema = arrow_schema(&schema)?;
+        // files written without field ids (a table migrated from Hive) are read through the table's name mapping
+        let data_schema = crate::spec::name_mapping::attach(arrow_schema(&schema)?, meta.properties());
         let schema_id = schema.schema_id();
         let key_idx = self
             .key_ids
@@ -774,7 +775,8 @@ impl ChangelogScan<'_> {
     ) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
-        let data_schema = arrow_schema(&schema)?;
+        // files written without field ids (a table migrated from Hive) are read through the table's name mapping
+        let data_schema = crate::spec::name_mapping::attach(arrow_schema(&schema)?, meta.properties());
         let mut live: Vec<_> = plan.data_after.values().filter(|f| only.is_none_or(|o| o.contains(f.path()))).cloned().collect();
         live.sort_by(|a, b| a.path().cmp(b.path()));
         let jobs = live

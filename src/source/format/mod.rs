@@ -16,11 +16,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, ListArray, MapArray, RecordBatch, StructArray};
-use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
+use arrow_schema::{DataType, FieldRef, Schema, SchemaRef};
 use futures::stream::BoxStream;
 use iceberg::io::FileIO;
 use iceberg::spec::DataFileFormat;
-use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 
 use crate::error::{Error, Result};
 
@@ -46,17 +45,7 @@ pub(crate) async fn open(file_io: &FileIO, path: &str, format: DataFileFormat) -
     }
 }
 
-/// `field` carrying Iceberg field id `id` (when there is one), the way Parquet's reader marks fields.
-pub(crate) fn with_id(field: Field, id: Option<i32>) -> Field {
-    match id {
-        Some(id) => {
-            let mut meta: HashMap<String, String> = field.metadata().clone();
-            meta.insert(PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string());
-            field.with_metadata(meta)
-        }
-        None => field,
-    }
-}
+pub(crate) use crate::spec::projection::with_id;
 
 /// `batch` under `schema`: the same columns, their nested fields relabelled to `schema`'s (same shapes; the names
 /// and metadata — the ids — from `schema`).
@@ -102,7 +91,7 @@ pub(crate) fn schema_of(fields: Vec<FieldRef>, metadata: HashMap<String, String>
 mod tests {
     use super::*;
     use arrow_array::{Int32Array, StringArray};
-    use arrow_schema::Fields;
+    use arrow_schema::{Field, Fields};
 
     #[test]
     fn nested_fields_take_the_ids_of_the_schema() {
