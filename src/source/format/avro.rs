@@ -105,6 +105,16 @@ fn field_of_record(f: &Field, record: &Value) -> Field {
 fn nested(f: &Field, t: &Value) -> Field {
     let dt = match (f.data_type(), t.get("type").and_then(Value::as_str)) {
         (DataType::Struct(fs), Some("record")) => DataType::Struct(fs.iter().map(|c| Arc::new(field_of_record(c, t))).collect()),
+        // Iceberg writes a map whose keys are not strings as an array of key/value records marked `logicalType: map`
+        (DataType::List(e), Some("array")) if t.get("logicalType").and_then(Value::as_str) == Some("map") => match e.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => {
+                let record = non_null(t.get("items").unwrap_or(&Value::Null));
+                let key = field_of_record(&kv[0], record).with_nullable(false);
+                let entries = Field::new("key_value", DataType::Struct(vec![Arc::new(key), Arc::new(field_of_record(&kv[1], record))].into()), false);
+                DataType::Map(Arc::new(entries), false)
+            }
+            _ => f.data_type().clone(),
+        },
         (DataType::List(e), Some("array")) => {
             let items = non_null(t.get("items").unwrap_or(&Value::Null));
             DataType::List(Arc::new(with_id(nested(e, items), id_of(t, "element-id"))))

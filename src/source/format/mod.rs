@@ -70,6 +70,14 @@ fn relabel(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
             let l = array.as_any().downcast_ref::<ListArray>().ok_or_else(shape)?;
             Arc::new(ListArray::try_new(f.clone(), l.offsets().clone(), relabel(l.values(), f.data_type())?, l.nulls().cloned())?)
         }
+        // a map the file stores as a list of key/value records (Avro maps with non-string keys)
+        DataType::Map(f, sorted) if array.as_any().is::<ListArray>() => {
+            let l = array.as_any().downcast_ref::<ListArray>().ok_or_else(shape)?;
+            let entries = relabel(l.values(), f.data_type())?;
+            let entries = entries.as_any().downcast_ref::<StructArray>().ok_or_else(shape)?;
+            let entries = StructArray::try_new(entries.fields().clone(), entries.columns().to_vec(), None)?;
+            Arc::new(MapArray::try_new(f.clone(), l.offsets().clone(), entries, l.nulls().cloned(), *sorted)?)
+        }
         DataType::Map(f, sorted) => {
             let m = array.as_any().downcast_ref::<MapArray>().ok_or_else(shape)?;
             let entries: ArrayRef = Arc::new(m.entries().clone());
