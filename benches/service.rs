@@ -3,11 +3,13 @@
 //! - Latency: a writer commits to the source every `--interval` seconds for `--seconds` while the service follows
 //!   it with a 1 s poll into a filesystem target. Latency of a source commit = commit time of the target snapshot
 //!   that first contains it − the source snapshot's commit time (both from table metadata, same clock). P50/P95/P99.
-//! - Idle: `--idle-pipelines` caught-up pipelines at poll 1 s for `--idle-seconds`: CPU share of one core (from
-//!   /proc/<pid>/stat) and resident memory (VmRSS, VmHWM).
+//! - Idle: for each count in `--idle-pipelines` (comma-separated), that many caught-up pipelines at poll
+//!   `--idle-poll` seconds for `--idle-seconds`: CPU share of one core (from /proc/<pid>/stat), resident memory
+//!   (VmRSS, VmHWM), threads and RSS per pipeline. `--baseline PATH` measures another `cdc` binary on the same work
+//!   in the same sitting (e.g. an older build).
 //!
-//! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10 --idle-seconds 30]`. Prints
-//! Markdown (copied into README.md).
+//! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
+//! --baseline OLD_CDC]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,9 +25,9 @@ fn arg(name: &str, default: u64) -> u64 {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn service_toml(source_wh: &Path, target_wh: &Path, pipelines: usize) -> String {
+fn service_toml(source_wh: &Path, target_wh: &Path, pipelines: usize, poll_secs: u64) -> String {
     let mut s = format!(
-        "[service]\npoll_interval = \"1s\"\nmetrics_address = \"off\"\n\n[catalogs.demo]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n\
+        "[service]\npoll_interval = \"{poll_secs}s\"\nmetrics_address = \"off\"\n\n[catalogs.demo]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n\
          [catalogs.replica]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
         source_wh.display(),
         target_wh.display()
@@ -40,8 +42,8 @@ fn service_toml(source_wh: &Path, target_wh: &Path, pipelines: usize) -> String 
     s
 }
 
-fn spawn(cfg: &Path) -> Child {
-    Command::new(CDC).args(["run", "--config", cfg.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+fn spawn(cdc: &str, cfg: &Path) -> Child {
+    Command::new(cdc).args(["run", "--config", cfg.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
 }
 
 fn stop(mut child: Child) {
@@ -85,8 +87,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn main() {
     let seconds = arg("--seconds", 120);
     let interval = arg("--interval", 2);
-    let idle_pipelines = arg("--idle-pipelines", 10) as usize;
+    let args: Vec<String> = std::env::args().collect();
+    let text_arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let idle_counts: Vec<usize> =
+        text_arg("--idle-pipelines").unwrap_or_else(|| "10".into()).split(',').map(|n| n.trim().parse().expect("--idle-pipelines N[,N…]")).collect();
+    let idle_poll = arg("--idle-poll", 1);
     let idle_seconds = arg("--idle-seconds", 30);
+    let baseline = text_arg("--baseline");
     let dir = tempfile::tempdir().unwrap();
     let qs = dir.path().join("qs");
     let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
@@ -99,8 +106,8 @@ async fn main() {
     // --- latency
     let tw = dir.path().join("replica");
     let cfg = dir.path().join("latency.toml");
-    std::fs::write(&cfg, service_toml(&wh, &tw, 1)).unwrap();
-    let child = spawn(&cfg);
+    std::fs::write(&cfg, service_toml(&wh, &tw, 1, 1)).unwrap();
+    let child = spawn(CDC, &cfg);
     let uuid = table.metadata().uuid().to_string();
     let caught_up = |t: Option<iceberg::table::Table>, head: Option<i64>| {
         t.and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &uuid)).map(|p| p.source_snapshot_id) == head
@@ -158,30 +165,38 @@ async fn main() {
     );
 
     // --- idle cost
-    let tw = dir.path().join("idle");
-    let cfg = dir.path().join("idle.toml");
-    std::fs::write(&cfg, service_toml(&wh, &tw, idle_pipelines)).unwrap();
-    let child = spawn(&cfg);
     let head = table.metadata().current_snapshot_id();
-    let wait = Instant::now();
-    for i in 0..idle_pipelines {
-        while !caught_up(hadoop_table(&tw, &format!("replica.orders{i}")).await, head) {
-            assert!(wait.elapsed() < Duration::from_secs(120), "idle pipelines did not catch up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    println!("### Service idle cost (caught-up pipelines, poll {idle_poll} s, measured over {idle_seconds} s)\n");
+    println!("| build | pipelines | CPU % of one core | RSS MB | RSS KB per pipeline | peak RSS MB | threads | catch-up s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let builds: Vec<(&str, String)> = std::iter::once(("this", CDC.to_string())).chain(baseline.iter().map(|b| ("baseline", b.clone()))).collect();
+    for &n in &idle_counts {
+        for (label, cdc) in &builds {
+            let tw = dir.path().join(format!("idle-{label}-{n}"));
+            let cfg = dir.path().join(format!("idle-{label}-{n}.toml"));
+            std::fs::write(&cfg, service_toml(&wh, &tw, n, idle_poll)).unwrap();
+            let child = spawn(cdc, &cfg);
+            let wait = Instant::now();
+            for i in 0..n {
+                while !caught_up(hadoop_table(&tw, &format!("replica.orders{i}")).await, head) {
+                    assert!(wait.elapsed() < Duration::from_secs(600), "idle pipelines did not catch up");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            let catch_up = wait.elapsed().as_secs_f64();
+            tokio::time::sleep(Duration::from_secs(2 * idle_poll)).await;
+            let pid = child.id();
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            let (c0, t0) = (cpu_ticks(pid), Instant::now());
+            tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+            let (c1, t1) = (cpu_ticks(pid), Instant::now());
+            let rss = status_kb(pid, "VmRSS:") as f64 / 1024.0;
+            let hwm = status_kb(pid, "VmHWM:") as f64 / 1024.0;
+            let threads = status_kb(pid, "Threads:");
+            stop(child);
+            let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+            let per = rss * 1024.0 / n as f64;
+            println!("| {label} | {n} | {cpu:.2} | {rss:.1} | {per:.0} | {hwm:.1} | {threads} | {catch_up:.1} |");
         }
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let pid = child.id();
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let (c0, t0) = (cpu_ticks(pid), Instant::now());
-    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-    let (c1, t1) = (cpu_ticks(pid), Instant::now());
-    let rss = status_kb(pid, "VmRSS:") as f64 / 1024.0;
-    let hwm = status_kb(pid, "VmHWM:") as f64 / 1024.0;
-    stop(child);
-    let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
-    println!("### Service idle cost ({idle_pipelines} caught-up pipelines, poll 1 s, {idle_seconds} s)\n");
-    println!("| CPU % of one core | RSS MB | peak RSS MB |");
-    println!("|---|---|---|");
-    println!("| {cpu:.2} | {rss:.1} | {hwm:.1} |");
 }

@@ -122,6 +122,25 @@ impl Catalog {
         }
     }
 
+    /// The connected catalog for `cfg`, shared by every caller that names the same one (same kind and keys) while any
+    /// of them holds it: a service with thousands of pipelines on one catalog keeps one client, one connection pool,
+    /// one token — not one each.
+    pub async fn shared(cfg: &CatalogConfig, label: &str) -> Result<Arc<Catalog>> {
+        use std::sync::{Mutex, OnceLock, Weak};
+        static SHARED: OnceLock<Mutex<HashMap<String, Weak<Catalog>>>> = OnceLock::new();
+        let key = format!("{cfg:?}");
+        let cache = SHARED.get_or_init(Mutex::default);
+        if let Some(c) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key).and_then(Weak::upgrade) {
+            return Ok(c);
+        }
+        // connected outside the lock; two callers racing each connect, the later one's stays shared
+        let c = Arc::new(Catalog::connect(cfg, label).await?);
+        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(key, Arc::downgrade(&c));
+        Ok(c)
+    }
+
     fn ident(name: &str) -> Result<TableIdent> {
         let (ns, t) = split_table_name(name);
         TableIdent::from_strs(ns.iter().map(String::as_str).chain(std::iter::once(t.as_str())))
@@ -155,8 +174,9 @@ impl Catalog {
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
-    /// a directory listing; sql: one row; hive, glue: one catalog call), so a poll that finds nothing new costs next to nothing. `Ok(None)`: this
-    /// catalog cannot tell cheaply (REST), or the table does not exist.
+    /// a directory listing; sql: one row; hive, glue: one catalog call; REST: a conditional load answered `304 Not
+    /// Modified`, when the server sends ETags), so a poll that finds nothing new costs next to nothing. `Ok(None)`:
+    /// this catalog cannot tell cheaply (a REST server without ETags), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
         let ident = Self::ident(name)?;
         match self {
@@ -174,7 +194,7 @@ impl Catalog {
             }
             Catalog::Hive(h) => h.metadata_location(&ident).await,
             Catalog::Glue(g) => g.metadata_location(&ident).await,
-            Catalog::Rest(_) => Ok(None),
+            Catalog::Rest(c) => c.unchanged_location(&ident).await,
         }
     }
 

@@ -74,6 +74,9 @@ pub struct RestClient {
     /// Storage properties for FileIO: catalog config defaults < user properties < catalog overrides.
     storage_props: HashMap<String, String>,
     label: String,
+    /// Per table URL: the `ETag` of its last full load and the metadata location that load returned, for
+    /// conditional loads ([`RestClient::unchanged_location`]). Only tables whose server sends an ETag are here.
+    etags: std::sync::Mutex<HashMap<String, (String, String)>>,
 }
 
 #[derive(Deserialize)]
@@ -150,7 +153,17 @@ impl RestClient {
             _ => None,
         };
         let vended = truthy(props.get(keys::VENDED_CREDENTIALS));
-        let mut client = RestClient { http, base, prefix: None, headers, auth, vended, storage_props: HashMap::new(), label: label.to_string() };
+        let mut client = RestClient {
+            http,
+            base,
+            prefix: None,
+            headers,
+            auth,
+            vended,
+            storage_props: HashMap::new(),
+            label: label.to_string(),
+            etags: Default::default(),
+        };
 
         let mut url = format!("{}/v1/config", client.base);
         if let Some(w) = props.get(keys::WAREHOUSE) {
@@ -191,8 +204,15 @@ impl RestClient {
         }
     }
 
-    /// Sends one request with headers and token; a 401 renews the token and is sent once more.
-    async fn send(&self, method: Method, url: &str, body: Option<&serde_json::Value>) -> std::result::Result<reqwest::Response, reqwest::Error> {
+    /// Sends one request with headers and token (and `If-None-Match` when given); a 401 renews the token and is sent
+    /// once more.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&serde_json::Value>,
+        if_none_match: Option<&str>,
+    ) -> std::result::Result<reqwest::Response, reqwest::Error> {
         let mut renewed = false;
         loop {
             let token = self.token().await.ok().flatten();
@@ -205,6 +225,9 @@ impl RestClient {
             }
             if let Some(b) = body {
                 req = req.json(b);
+            }
+            if let Some(tag) = if_none_match {
+                req = req.header(reqwest::header::IF_NONE_MATCH, tag);
             }
             let resp = req.send().await?;
             if resp.status() == StatusCode::UNAUTHORIZED && !renewed && self.auth.is_some() {
@@ -221,12 +244,17 @@ impl RestClient {
 
     /// A read-only request, retried on transport errors, 429 and 5xx.
     async fn read(&self, method: Method, url: &str) -> Result<reqwest::Response> {
+        self.read_if(method, url, None).await
+    }
+
+    /// [`Self::read`], conditional on the resource no longer having ETag `if_none_match` when given.
+    async fn read_if(&self, method: Method, url: &str, if_none_match: Option<&str>) -> Result<reqwest::Response> {
         // the token source's own errors (e.g. no credentials) are not transport errors: surface them first
         self.token().await?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let r = self.send(method.clone(), url, None).await;
+            let r = self.send(method.clone(), url, None, if_none_match).await;
             let transient = match &r {
                 Ok(resp) => resp.status().is_server_error() || resp.status() == StatusCode::TOO_MANY_REQUESTS,
                 Err(_) => true,
@@ -298,13 +326,48 @@ impl RestClient {
         if resp.status() == StatusCode::NOT_FOUND {
             return Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() });
         }
-        if !resp.status().is_success() {
-            return Err(self.status_error(&url, resp).await);
-        }
-        let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
-        let parsed = serde_json::from_str(&text)
-            .map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false).with_cause(e))?;
+        let parsed = self.parse_load(&url, resp).await?;
         Ok((parsed, url))
+    }
+
+    /// A successful load's body (remembering its ETag and metadata location), or the status as an error.
+    async fn parse_load(&self, url: &str, resp: reqwest::Response) -> Result<LoadTableResponse> {
+        if !resp.status().is_success() {
+            return Err(self.status_error(url, resp).await);
+        }
+        let etag = resp.headers().get(reqwest::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let text = resp.text().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
+        let parsed: LoadTableResponse = serde_json::from_str(&text)
+            .map_err(|e| Error::catalog(&self.label, format!("{url}: unreadable LoadTableResult: {e}"), false).with_cause(e))?;
+        let mut etags = self.etags.lock().unwrap_or_else(|p| p.into_inner());
+        match (etag, &parsed.metadata_location) {
+            (Some(tag), Some(loc)) => {
+                etags.insert(url.to_string(), (tag, loc.clone()));
+            }
+            _ => {
+                etags.remove(url);
+            }
+        }
+        Ok(parsed)
+    }
+
+    /// The table's metadata location by a conditional load (`If-None-Match` with the ETag of the last load, as the
+    /// REST spec allows): `304 Not Modified` costs a round trip and no body. `None` when this cannot be told cheaply —
+    /// the server sent no ETag, the table was never loaded, or it is gone (the caller's full load then says why).
+    pub async fn unchanged_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        let url = self.table_url(ident);
+        let Some((tag, location)) = self.etags.lock().unwrap_or_else(|p| p.into_inner()).get(&url).cloned() else {
+            return Ok(None);
+        };
+        let resp = self.read_if(Method::GET, &url, Some(&tag)).await?;
+        match resp.status() {
+            StatusCode::NOT_MODIFIED => Ok(Some(location)),
+            StatusCode::NOT_FOUND => {
+                self.etags.lock().unwrap_or_else(|p| p.into_inner()).remove(&url);
+                Ok(None)
+            }
+            _ => Ok(self.parse_load(&url, resp).await?.metadata_location),
+        }
     }
 
     /// Whether the namespace exists.
@@ -322,8 +385,10 @@ impl RestClient {
     pub async fn create_namespace(&self, ns: &NamespaceIdent) -> Result<()> {
         let url = self.url("namespaces");
         let body = serde_json::json!({"namespace": ns.iter().collect::<Vec<_>>(), "properties": {}});
-        let resp =
-            self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
+        let resp = self
+            .send(Method::POST, &url, Some(&body), None)
+            .await
+            .map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
             StatusCode::CONFLICT => Ok(()),
@@ -356,8 +421,10 @@ impl RestClient {
         if let Some(o) = &creation.sort_order {
             body["write-order"] = serde_json::to_value(o).map_err(|e| Error::Internal(e.to_string()))?;
         }
-        let resp =
-            self.send(Method::POST, &url, Some(&body)).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
+        let resp = self
+            .send(Method::POST, &url, Some(&body), None)
+            .await
+            .map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
         if !resp.status().is_success() {
             return Err(self.status_error(&url, resp).await);
         }
@@ -374,7 +441,7 @@ impl RestClient {
         });
         let url = self.table_url(ident);
         self.token().await?;
-        let resp = match self.send(Method::POST, &url, Some(&body)).await {
+        let resp = match self.send(Method::POST, &url, Some(&body), None).await {
             Ok(r) => r,
             // connect errors happen before the request reaches the server: nothing was committed
             Err(e) if e.is_connect() => return Err(Error::catalog(&self.label, format!("{url}: {e}"), true)),
@@ -511,6 +578,79 @@ mod tests {
                 .iter()
                 .map(|(p, c)| StorageCredential { prefix: p.to_string(), config: c.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
                 .collect(),
+        }
+    }
+
+    /// A REST server on a socket that answers `/v1/config` and one table, with ETag `"v1"` on the table and `304`
+    /// to `If-None-Match: "v1"`; records every table request's conditional header.
+    fn etag_server(seen: Arc<std::sync::Mutex<Vec<Option<String>>>>, etag: bool) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let meta = serde_json::to_value(&response(&[], &[]).metadata).unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (seen, meta) = (seen.clone(), meta.clone());
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(conn.try_clone().unwrap());
+                    let mut w = conn;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                        let mut inm = None;
+                        loop {
+                            let mut h = String::new();
+                            r.read_line(&mut h).unwrap();
+                            if h.trim().is_empty() {
+                                break;
+                            }
+                            if let Some((k, v)) = h.split_once(':') {
+                                if k.eq_ignore_ascii_case("if-none-match") {
+                                    inm = Some(v.trim().to_string());
+                                }
+                            }
+                        }
+                        let (status, body, tag) = if path.starts_with("/v1/config") {
+                            ("200 OK", r#"{"defaults":{},"overrides":{}}"#.to_string(), "")
+                        } else {
+                            seen.lock().unwrap().push(inm.clone());
+                            if etag && inm.as_deref() == Some("\"v1\"") {
+                                ("304 Not Modified", String::new(), "ETag: \"v1\"\r\n")
+                            } else {
+                                let body = serde_json::json!({"metadata-location": "file:/wh/t/metadata/00001-x.metadata.json", "metadata": meta});
+                                ("200 OK", body.to_string(), if etag { "ETag: \"v1\"\r\n" } else { "" })
+                            }
+                        };
+                        let _ = write!(w, "HTTP/1.1 {status}\r\n{tag}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn idle_polls_are_conditional_loads_when_the_server_sends_etags() {
+        for etag in [true, false] {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let uri = etag_server(seen.clone(), etag);
+            let c = RestClient::connect(&HashMap::from([(keys::URI.to_string(), uri)]), "rest").await.unwrap();
+            let ident = TableIdent::from_strs(["n", "t"]).unwrap();
+            assert_eq!(c.unchanged_location(&ident).await.unwrap(), None, "never loaded: nothing to compare with");
+            c.load_table(&ident).await.unwrap();
+            let got = c.unchanged_location(&ident).await.unwrap();
+            let seen = seen.lock().unwrap().clone();
+            if etag {
+                assert_eq!(got.as_deref(), Some("file:/wh/t/metadata/00001-x.metadata.json"));
+                assert_eq!(seen, vec![None, Some("\"v1\"".to_string())], "one full load, then one conditional");
+            } else {
+                assert_eq!(got, None, "no ETag: the poll loads the table instead");
+                assert_eq!(seen, vec![None], "no conditional request without an ETag");
+            }
         }
     }
 

@@ -49,6 +49,16 @@ pub struct ServiceSettings {
     /// `"i/N"`: this instance runs only the pipelines whose name hashes to `i` modulo `N` (see [`Shard`]); `cdc run
     /// --shard` overrides it. Every instance of a set gets the same file and its own `i`.
     pub shard: Option<String>,
+    /// Runs that apply changes at once (each may use `engine.memory_budget`); other pipelines' polls go on while
+    /// they work. Default: the number of cores, at least 2.
+    pub workers: Option<usize>,
+}
+
+impl ServiceSettings {
+    /// [`ServiceSettings::workers`] or its default.
+    pub fn workers(&self) -> usize {
+        self.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2))
+    }
 }
 
 /// A static share of a service file's pipelines: instance `index` of `count` runs the pipelines whose name's
@@ -99,6 +109,7 @@ impl Default for ServiceSettings {
             shutdown_timeout: default_shutdown(),
             stall_timeout: default_stall(),
             shard: None,
+            workers: None,
         }
     }
 }
@@ -194,6 +205,9 @@ impl ServiceConfig {
         }
         if let Some(Err(e)) = self.service.shard.as_deref().map(Shard::parse) {
             p.push(format!("service.shard: {e}"));
+        }
+        if let Some(w) = self.service.workers.filter(|w| !(1..=256).contains(w)) {
+            p.push(format!("service.workers: {w} — between 1 and 256 runs at once"));
         }
         for (name, c) in &self.catalogs {
             c.validate(&format!("catalogs.{name}"), &mut p);

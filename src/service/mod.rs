@@ -1,5 +1,14 @@
-//! `cdc run`: the long-running service. A loop per (pipeline, sink), each on an OS thread of its own (no pool caps
-//! their number), plus signals plus systemd notify.
+//! `cdc run`: the long-running service. A loop per (pipeline, sink) — a Tokio task that sleeps between polls and
+//! owns no thread — plus signals plus systemd notify.
+//!
+//! Threads: each poll runs on Tokio's blocking pool (the changelog scan's futures are not `Send`, and a hadoop
+//! catalog's files are read with blocking calls), and returns its thread when done; no loop holds a thread between
+//! polls, so thousands of idle loops cost a task and their state each, and a poll stuck in a blocking call holds one
+//! thread, not the service. At most [`POLLS_AT_ONCE`] polls run at once (they wait for a slot on their task, not
+//! on a thread). Runs that apply changes take one of `service.workers` permits first: the work (and the
+//! memory budget each run may use) is bounded, while cheap polls of other pipelines go on. Catalogs are shared
+//! between the loops that name the same one ([`Catalog::shared`]). Waits between polls are jittered (±10 %) so
+//! that loops started together spread over the interval.
 //!
 //! Each loop polls its source on its interval with one [`poll`] function, whatever its sinks: a poll loads the
 //! source's and the sinks' metadata only (nothing when the cheap marks say nothing moved), and when the source has
@@ -29,7 +38,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::catalog::Catalog;
@@ -71,15 +80,16 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
             tracing::warn!(catalog = %name, error = %e, "catalog not reachable at start; its pipelines will retry");
         }
     }
+    let limits = Limits { polls: Arc::new(Semaphore::new(POLLS_AT_ONCE)), work: Arc::new(Semaphore::new(settings.workers())) };
     let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
-    let mut started = 0;
     for r in cfg.owned_runs(shard) {
-        started += usize::from(start(&mut running, r, &telemetry));
+        start(&mut running, r, &telemetry, &limits);
     }
+    let started = running.len();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let owned = running.keys().map(|(pipeline, _)| pipeline).collect::<std::collections::BTreeSet<_>>().len();
     let shard_label = shard.map(|s| s.to_string()).unwrap_or_else(|| "all".into());
-    tracing::info!(pipelines = owned, loops = running.len(), started, configured = cfg.pipelines.len(), shard = %shard_label, config = %path.display(), "cdc service ready");
+    tracing::info!(pipelines = owned, loops = running.len(), started, configured = cfg.pipelines.len(), shard = %shard_label, workers = settings.workers(), config = %path.display(), "cdc service ready");
     // loops behind their schedule at the last tick, and why
     let mut overdue = BTreeMap::new();
 
@@ -110,7 +120,7 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
                         if let Err(e) = r.task.await {
                             tracing::error!(pipeline = %k.0, sink = %k.1, error = %e, "pipeline task ended abnormally; restarting it");
                         }
-                        start(&mut running, r.run, &telemetry);
+                        start(&mut running, r.run, &telemetry, &limits);
                     }
                 }
             }
@@ -120,7 +130,7 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
                     Ok(new) => {
                         settings = new.service.clone();
                         let shard = cli_shard.or(new.shard());
-                        reload(&mut running, new.owned_runs(shard), &telemetry).await;
+                        reload(&mut running, new.owned_runs(shard), &telemetry, &limits).await;
                         tracing::info!(loops = running.len(), "configuration reloaded");
                     }
                 }
@@ -159,45 +169,20 @@ fn status_line(statuses: &[(RunLabels, telemetry::RunStatus)]) -> String {
     format!("{} pipelines, {failing} failing, max lag {max_lag:.1}s, {behind} snapshots behind", statuses.len())
 }
 
-/// Starts `run`'s loop on a thread of its own; returns whether the thread started (if not, the loop is "not started"
-/// and the tick retries it).
-///
-/// The changelog scan's futures are not `Send` (and sort/encode work is CPU-heavy), so a loop cannot be a task on the
-/// runtime's workers: it drives its futures with the runtime's handle from a dedicated OS thread. Not from Tokio's
-/// blocking pool: that pool is capped (512 threads by default) and a loop holds its thread for good, so loop 513
-/// would wait in the pool's queue forever while the service reports itself ready.
-fn start(running: &mut BTreeMap<(String, String), Running>, run: Run, telemetry: &Arc<Telemetry>) -> bool {
+/// Starts `run`'s loop as a task.
+fn start(running: &mut BTreeMap<(String, String), Running>, run: Run, telemetry: &Arc<Telemetry>, limits: &Limits) {
     let (stop, rx) = watch::channel(false);
     let key = (run.pipeline.clone(), run.sink.clone());
     let labels = RunLabels { pipeline: run.pipeline.clone(), sink: run.sink.clone() };
     telemetry.registered(&labels);
-    let handle = tokio::runtime::Handle::current();
-    let (r, t) = (run.clone(), telemetry.clone());
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new().name(format!("cdc-{}", run.pipeline)).spawn(move || {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.block_on(pipeline_loop(r, rx, t))));
-        let _ = done_tx.send(outcome);
-    });
-    let started = match spawned {
-        Ok(_) => true,
-        Err(e) => {
-            telemetry.start_failed(&labels, &format!("cannot start a thread for it: {e}"));
-            false
-        }
-    };
     // the task ends when the loop does, with the loop's panic if it panicked (the tick restarts it)
-    let task = tokio::spawn(async move {
-        if let Ok(Err(panic)) = done_rx.await {
-            std::panic::resume_unwind(panic);
-        }
-    });
+    let task = tokio::spawn(pipeline_loop(run.clone(), rx, telemetry.clone(), limits.clone()));
     running.insert(key, Running { run, stop, task });
-    started
 }
 
 /// Applies a reloaded configuration: removed loops stop after their in-flight commit, changed ones restart, new ones
 /// start; unchanged ones keep running untouched.
-async fn reload(running: &mut BTreeMap<(String, String), Running>, runs: Vec<Run>, telemetry: &Arc<Telemetry>) {
+async fn reload(running: &mut BTreeMap<(String, String), Running>, runs: Vec<Run>, telemetry: &Arc<Telemetry>, limits: &Limits) {
     let wanted: BTreeMap<(String, String), Run> = runs.into_iter().map(|r| ((r.pipeline.clone(), r.sink.clone()), r)).collect();
     let gone: Vec<_> = running.keys().filter(|k| wanted.get(*k).is_none_or(|w| *w != running[*k].run)).cloned().collect();
     for k in gone {
@@ -209,7 +194,7 @@ async fn reload(running: &mut BTreeMap<(String, String), Running>, runs: Vec<Run
     }
     for (k, r) in wanted {
         if !running.contains_key(&k) {
-            start(running, r, telemetry);
+            start(running, r, telemetry, limits);
         }
     }
 }
@@ -226,29 +211,63 @@ async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
     stopped || *stop.borrow()
 }
 
+/// Polls running at once (each on a blocking-pool thread, waiting there for a worker permit when it has work). Well
+/// under Tokio's blocking-pool cap (512): the rest of the pool stays free for the file I/O those polls issue, so that
+/// polls waiting for a permit can never starve the run that holds one.
+const POLLS_AT_ONCE: usize = 256;
+
+/// The service's bounds, shared by its loops.
+#[derive(Clone)]
+struct Limits {
+    /// [`POLLS_AT_ONCE`] permits: a loop holds one for the duration of a poll.
+    polls: Arc<Semaphore>,
+    /// `service.workers` permits: a poll that applies changes holds one while it does.
+    work: Arc<Semaphore>,
+}
+
+/// What a loop carries from poll to poll: moved onto a blocking-pool thread for each poll, and back.
+struct LoopState {
+    cfg: crate::config::Config,
+    run: Run,
+    /// The catalogs and clients, kept across polls (a Kafka sink keeps its producer and transactional id).
+    pipeline: Option<Pipeline>,
+    control: pipeline::RunControl,
+    last_commit: Option<Instant>,
+    labels: RunLabels,
+    telemetry: Arc<Telemetry>,
+    /// Permits of `service.workers`: a run that applies changes holds one.
+    work: Arc<Semaphore>,
+}
+
 /// One pipeline's loop: poll, apply, report; back off on errors; stop on a permanent one.
-async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc<Telemetry>) {
+async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc<Telemetry>, limits: Limits) {
     let labels = RunLabels { pipeline: run.pipeline.clone(), sink: run.sink.clone() };
     telemetry.started(&labels);
     let mut cfg = run.config.clone();
     if let Some(t) = cfg.target.as_mut() {
         t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
     }
-    // the catalogs and clients, kept across polls (a Kafka sink keeps its producer and transactional id)
-    let mut state: Option<Pipeline> = None;
     // delete files stay read across polls (bounded to what the source still references)
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(Arc::new(crate::source::changelog::DeleteCache::default())) };
+    let mut state =
+        LoopState { cfg, run, pipeline: None, control, last_commit: None, labels: labels.clone(), telemetry: telemetry.clone(), work: limits.work };
     let mut failures = 0u32;
-    let mut last_commit: Option<Instant> = None;
     loop {
         if *stop.borrow() {
             break;
         }
+        // wait for a poll slot here, on the task, not on a blocking-pool thread
+        let Ok(slot) = limits.polls.clone().acquire_owned().await else { break };
         telemetry.poll_began(&labels);
-        let wait = match poll(&cfg, &run, &mut state, &control, &mut last_commit, &labels, &telemetry).await {
+        let polled = poll_on_blocking_pool(state).await;
+        drop(slot);
+        let Some((back, result)) = polled else { break }; // the runtime is shutting down
+        state = back;
+        let interval = state.run.poll_interval;
+        let wait = match result {
             Ok(()) => {
                 failures = 0;
-                run.poll_interval
+                jittered(interval)
             }
             Err(Error::Cancelled) => break,
             Err(e) if e.is_permanent() => {
@@ -260,10 +279,10 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
             Err(e) => {
                 if matches!(e, Error::Catalog { .. } | Error::Kafka { .. }) {
                     // reconnect next time (a new Kafka producer aborts what the failed one left open)
-                    state = None;
+                    state.pipeline = None;
                 }
                 failures += 1;
-                let base = run.poll_interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
+                let base = interval.max(Duration::from_millis(500)).saturating_mul(1 << failures.min(10)).min(MAX_BACKOFF);
                 let jitter = Duration::from_millis(crate::backoff::random_up_to(base.as_millis() as u64 / 4));
                 let wait = base / 2 + jitter;
                 telemetry.failed(&labels, &e, false, Some(wait));
@@ -277,10 +296,32 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
     }
 }
 
+/// `interval` ± 10 %: loops started together drift apart instead of polling in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    let tenth = interval.as_millis() as u64 / 10;
+    interval.saturating_sub(Duration::from_millis(tenth)) + Duration::from_millis(crate::backoff::random_up_to(2 * tenth))
+}
+
+/// Runs one [`poll`] on a thread of Tokio's blocking pool, driving its (non-`Send`) futures there. A panic in the
+/// poll panics the loop's task (the tick restarts the loop); `None` when the runtime is shutting down.
+async fn poll_on_blocking_pool(mut s: LoopState) -> Option<(LoopState, Result<()>)> {
+    let handle = tokio::runtime::Handle::current();
+    let job = tokio::task::spawn_blocking(move || {
+        let LoopState { cfg, run, pipeline, control, last_commit, labels, telemetry, work } = &mut s;
+        let result = handle.block_on(poll(cfg, run, pipeline, control, last_commit, labels, telemetry, work));
+        (s, result)
+    });
+    match job.await {
+        Ok(v) => Some(v),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
+}
+
 /// What a loop keeps between polls.
 struct Pipeline {
-    /// The source's catalog.
-    source: Catalog,
+    /// The source's catalog (shared with the other loops that name it).
+    source: Arc<Catalog>,
     /// The destinations, each with its catalog or client ([`crate::sink::open`]).
     sinks: Vec<Box<dyn Sink>>,
     /// The marks (source metadata location, then each sink's [`Sink::mark`]) of the last poll that found nothing to
@@ -299,9 +340,10 @@ async fn poll(
     last_commit: &mut Option<Instant>,
     labels: &RunLabels,
     telemetry: &Telemetry,
+    work: &Semaphore,
 ) -> Result<()> {
     if state.is_none() {
-        let source = Catalog::connect(&cfg.source.catalog, "source").await?;
+        let source = Catalog::shared(&cfg.source.catalog, "source").await?;
         *state = Some(Pipeline { source, sinks: crate::sink::open(cfg, &run.pipeline).await?, idle: None });
     }
     let p = state.as_mut().expect("just connected");
@@ -340,6 +382,8 @@ async fn poll(
         }
         return Ok(());
     }
+    // a run that applies changes waits for a worker permit (the bound on concurrent work and its memory)
+    let _permit = work.acquire().await.map_err(|_| Error::Cancelled)?;
     let summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await?;
     telemetry.synced(labels, &summary);
     if !summary.target_snapshot_ids.is_empty() {

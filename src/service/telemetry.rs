@@ -279,13 +279,6 @@ impl Telemetry {
         self.count_loops();
     }
 
-    /// Event: a pipeline loop could not be started (it is retried; until then it is "not started").
-    pub fn start_failed(&self, l: &RunLabels, error: &str) {
-        tracing::error!(pipeline = %l.pipeline, sink = %l.sink, error, "cannot start the pipeline's loop; retrying");
-        let e = error.to_string();
-        self.with_status(l, |s| s.start_error = Some(e));
-    }
-
     /// Event: a pipeline loop started (or restarted after a configuration change).
     pub fn started(&self, l: &RunLabels) {
         tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline started");

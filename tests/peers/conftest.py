@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
@@ -75,6 +76,53 @@ def spark(warehouse, rest_catalog, sql_target, hive_metastore):
 def spark_tables(spark):
     spark_workloads.build(spark, list(spark_workloads.TABLES))
     return list(spark_workloads.TABLES)
+
+
+BUCKET = "cdc-s3"
+S3CAT = "s3_cat"
+KEYS = {"s3.access-key-id": "cdc-test", "s3.secret-access-key": "cdc-secret", "client.region": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3(warehouse, spark):
+    """moto's server (S3, and Glue for test_glue) with bucket BUCKET, the Iceberg REST catalog server with its
+    warehouse on it, and Spark's catalog S3CAT on that server. One per session: test_s3 and test_glue share it."""
+    state = os.path.join(warehouse, "s3")
+    os.makedirs(state, exist_ok=True)
+    peers = os.environ.get("PEERS_DIR", os.path.join(ROOT, ".peers"))
+    port = free_port()
+    log = open(os.path.join(state, "moto.log"), "w")
+    moto = subprocess.Popen([os.path.join(peers, "venv", "bin", "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/{BUCKET}", method="PUT"))
+            break
+        except OSError:
+            if moto.poll() is not None:
+                raise RuntimeError(f"moto_server died: {open(os.path.join(state, 'moto.log')).read()}")
+            time.sleep(0.2)
+    else:
+        raise RuntimeError("moto_server did not come up")
+    rest_script = os.path.join(ROOT, "scripts", "rest-catalog.sh")
+    env = dict(os.environ, CATALOG_WAREHOUSE=f"s3://{BUCKET}/wh", CATALOG_IO__IMPL="org.apache.iceberg.aws.s3.S3FileIO",
+               CATALOG_S3_ENDPOINT=url, CATALOG_S3_PATH__STYLE__ACCESS="true", CATALOG_S3_ACCESS__KEY__ID=KEYS["s3.access-key-id"],
+               CATALOG_S3_SECRET__ACCESS__KEY=KEYS["s3.secret-access-key"], CATALOG_CLIENT_REGION="us-east-1", AWS_REGION="us-east-1")
+    p = subprocess.run(["bash", rest_script, "start", os.path.join(state, "rest")], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"REST catalog server on S3 did not start: {p.stderr}")
+    rest_url = p.stdout.strip()
+    conf = {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": rest_url, ".io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            ".s3.endpoint": url, ".s3.path-style-access": "true"}
+    conf.update({f".{k}": v for k, v in KEYS.items()})
+    for k, v in conf.items():
+        spark.conf.set(f"spark.sql.catalog.{S3CAT}{k}", v)
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {S3CAT}.db")
+    yield {"endpoint": url, "rest": rest_url}
+    subprocess.run(["bash", rest_script, "stop", os.path.join(state, "rest")])
+    moto.terminate()
+    moto.wait(10)
+    log.close()
 
 
 def free_port():

@@ -1,4 +1,4 @@
-"""Tables in the AWS Glue Data Catalog, on S3 — both emulated by moto's server (the S3 fixture of test_s3.py) —
+"""Tables in the AWS Glue Data Catalog, on S3 — both emulated by moto's server (conftest's `s3` fixture, shared with test_s3.py) —
 written by Spark 3.5 through Iceberg's GlueCatalog (AWS SDK v2, S3FileIO):
 - `cdc changes` on a Glue source equals Spark's time-travel difference at every snapshot (partitioned and not);
 - `cdc sync` replicates glue -> glue step by step in both delete modes, read back by Spark through Glue;
@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from conftest import CDC, cdc_changes, run_cdc, spark_table
+from conftest import BUCKET, CDC, KEYS, cdc_changes, run_cdc, spark_table
 from spark_workloads import workload
-from test_s3 import BUCKET, KEYS, s3  # noqa: F401 - the moto fixture
 from test_spark_changelog import actual_changes, expected_changes, lineage as changelog_lineage, spark_rows
 from test_spark_sync import assert_replica, cols_at, lineage, rows_of, source_cols, target_rows
 
@@ -27,7 +26,7 @@ REGION = "us-east-1"
 
 
 @pytest.fixture(scope="module")
-def glue(spark, s3):  # noqa: F811 - the fixture imported above
+def glue(spark, s3):
     jvm = spark.sparkContext._jvm
     # the Glue client's credentials: system properties (the JVM is already running, its environment is fixed)
     jvm.java.lang.System.setProperty("aws.accessKeyId", KEYS["s3.access-key-id"])

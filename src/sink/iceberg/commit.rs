@@ -35,7 +35,7 @@ use crate::sink::{Chunk, CommitStats, Committed, MaintenanceStats, Sink, SourceI
 
 /// An Iceberg target table, with the catalog it lives in.
 pub struct IcebergSink {
-    catalog: Catalog,
+    catalog: Arc<Catalog>,
     cfg: TargetConfig,
     table: Option<Table>,
     map: FieldMap,
@@ -69,7 +69,7 @@ impl IcebergSink {
     /// A sink writing to `cfg`'s table, connected to its catalog; its writers' buffers are bounded by a share of
     /// `memory_budget`.
     pub async fn open(cfg: TargetConfig, memory_budget: u64) -> Result<Self> {
-        let catalog = Catalog::connect(&cfg.catalog, "target").await?;
+        let catalog = Catalog::shared(&cfg.catalog, "target").await?;
         Ok(IcebergSink {
             catalog,
             cfg,
