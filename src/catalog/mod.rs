@@ -127,17 +127,21 @@ impl Catalog {
     /// one token — not one each.
     pub async fn shared(cfg: &CatalogConfig, label: &str) -> Result<Arc<Catalog>> {
         use std::sync::{Mutex, OnceLock, Weak};
-        static SHARED: OnceLock<Mutex<HashMap<String, Weak<Catalog>>>> = OnceLock::new();
+        type Slot = Arc<tokio::sync::Mutex<Weak<Catalog>>>;
+        static SHARED: OnceLock<Mutex<HashMap<String, Slot>>> = OnceLock::new();
         let key = format!("{cfg:?}");
-        let cache = SHARED.get_or_init(Mutex::default);
-        if let Some(c) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key).and_then(Weak::upgrade) {
+        let slot = {
+            let mut map = SHARED.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|k, s| *k == key || Arc::strong_count(s) > 1 || s.try_lock().is_ok_and(|w| w.strong_count() > 0));
+            map.entry(key).or_default().clone()
+        };
+        // one connect per catalog: callers arriving while it runs (a service starting thousands of loops) wait for it
+        let mut held = slot.lock().await;
+        if let Some(c) = held.upgrade() {
             return Ok(c);
         }
-        // connected outside the lock; two callers racing each connect, the later one's stays shared
         let c = Arc::new(Catalog::connect(cfg, label).await?);
-        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, w| w.strong_count() > 0);
-        map.insert(key, Arc::downgrade(&c));
+        *held = Arc::downgrade(&c);
         Ok(c)
     }
 
@@ -384,4 +388,31 @@ pub fn apply_updates(
         builder = u.apply(builder)?;
     }
     Ok(builder.build()?.metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn loops_starting_together_share_one_connected_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("[source]\ntable = \"db.t\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", dir.path().display());
+        let cfg = crate::config::Config::parse(&text).unwrap().source.catalog;
+        // a burst of callers, as at a service's start: one connect, one catalog
+        let all = futures::future::join_all((0..64).map(|_| {
+            let cfg = cfg.clone();
+            tokio::spawn(async move { Catalog::shared(&cfg, "source").await.unwrap() })
+        }))
+        .await;
+        let first = all[0].as_ref().unwrap().clone();
+        assert!(all.iter().all(|c| Arc::ptr_eq(c.as_ref().unwrap(), &first)), "every caller got the same catalog");
+        // once nobody holds it, the next caller connects afresh
+        let weak = Arc::downgrade(&first);
+        drop(first);
+        drop(all);
+        assert!(weak.upgrade().is_none());
+        let again = Catalog::shared(&cfg, "source").await.unwrap();
+        assert_eq!(Arc::strong_count(&again), 1);
+    }
 }
