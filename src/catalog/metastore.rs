@@ -4,8 +4,12 @@
 //! it — the parameters of a committed table and the columns tools show — the way Iceberg Java does.
 use std::collections::HashMap;
 
-use iceberg::spec::{PrimitiveType, TableMetadata, Type};
-use iceberg::TableIdent;
+use std::str::FromStr;
+
+use iceberg::io::FileIO;
+use iceberg::spec::{PrimitiveType, TableMetadata, TableMetadataBuilder, Type};
+use iceberg::table::Table;
+use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
 
 use crate::error::{Error, Result};
 
@@ -16,6 +20,61 @@ pub(crate) const METADATA_LOCATION: &str = "metadata_location";
 /// Table parameter: the metadata file before the last commit.
 pub(crate) const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
 const ICEBERG: &str = "ICEBERG";
+
+/// `ident`'s database and table name; an error when the namespace is not one level (`catalog` names the metastore
+/// in it: "a Hive Metastore", "the Glue Data Catalog").
+pub(crate) fn db_and_name(catalog: &str, ident: &TableIdent) -> Result<(String, String)> {
+    let ns = ident.namespace().as_ref();
+    if ns.len() != 1 {
+        return Err(Error::Config(vec![format!(
+            "table `{ident}`: {catalog} has one level of namespace (`database.table`); `{}` has {}",
+            ident.namespace().join("."),
+            ns.len()
+        )]));
+    }
+    Ok((ns[0].clone(), ident.name().to_string()))
+}
+
+/// The table `ident` whose current metadata file is `location`.
+pub(crate) async fn table_at(io: FileIO, ident: &TableIdent, location: &str) -> Result<Table> {
+    let metadata =
+        TableMetadata::read_from(&io, location).await.map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
+    Ok(Table::builder()
+        .identifier(ident.clone())
+        .metadata(metadata)
+        .metadata_location(location.to_string())
+        .file_io(io)
+        .runtime(iceberg::Runtime::try_current()?)
+        .build()?)
+}
+
+/// Writes the first metadata file of a table created at `location`; returns the metadata and the file's path.
+pub(crate) async fn write_first_metadata(io: &FileIO, creation: TableCreation, location: String) -> Result<(TableMetadata, String)> {
+    let creation = TableCreation { location: Some(location.clone()), ..creation };
+    let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
+    let file = MetadataLocation::new_with_metadata(&location, &metadata);
+    metadata.write_to(io, &file).await?;
+    Ok((metadata, file.to_string()))
+}
+
+/// Checks `requirements` on `table`, applies `updates` and writes the next metadata file (nothing points at it
+/// yet); returns the metadata file the change was planned on, the new metadata and the new file's path.
+pub(crate) async fn write_next_metadata(
+    io: &FileIO,
+    table: &Table,
+    requirements: &[TableRequirement],
+    updates: Vec<TableUpdate>,
+) -> Result<(String, TableMetadata, String)> {
+    let base = table.metadata_location_result()?.to_string();
+    let new_meta = super::apply_updates(table.metadata(), &base, requirements, updates)?;
+    // Iceberg's `NNNNN-<uuid>.metadata.json`; a table whose file is named otherwise (migrated from another catalog)
+    // starts a new sequence — the uuid keeps the name fresh either way
+    let file = MetadataLocation::from_str(&base)
+        .map(|l| l.with_next_version().with_new_metadata(&new_meta))
+        .unwrap_or_else(|_| MetadataLocation::new_with_metadata(new_meta.location(), &new_meta));
+    new_meta.write_to(io, &file).await?;
+    Ok((base, new_meta, file.to_string()))
+}
 
 /// The current metadata file of an Iceberg table, from its parameters; an error naming the table when it is not an
 /// Iceberg table. `catalog` labels the error ("hive", "glue").

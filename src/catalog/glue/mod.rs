@@ -15,13 +15,12 @@
 pub(crate) mod sigv4;
 
 use std::collections::{BTreeMap, HashMap};
-use std::str::FromStr;
 use std::time::Duration;
 
 use iceberg::io::FileIO;
-use iceberg::spec::{TableMetadata, TableMetadataBuilder};
+use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
-use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
+use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 use serde_json::{json, Map, Value};
 
 use super::metastore;
@@ -210,15 +209,7 @@ impl GlueCatalog {
     }
 
     fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
-        let ns = ident.namespace().as_ref();
-        if ns.len() != 1 {
-            return Err(Error::Config(vec![format!(
-                "table `{ident}`: the Glue Data Catalog has one level of namespace (`database.table`); `{}` has {}",
-                ident.namespace().join("."),
-                ns.len()
-            )]));
-        }
-        Ok((ns[0].clone(), ident.name().to_string()))
+        metastore::db_and_name("the Glue Data Catalog", ident)
     }
 
     /// The Glue table, `None` when it (or its database) does not exist.
@@ -263,17 +254,7 @@ impl GlueCatalog {
     }
 
     async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
-        let io = self.file_io();
-        let metadata = TableMetadata::read_from(&io, location)
-            .await
-            .map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
-        Ok(Table::builder()
-            .identifier(ident.clone())
-            .metadata(metadata)
-            .metadata_location(location.to_string())
-            .file_io(io)
-            .runtime(iceberg::Runtime::try_current()?)
-            .build()?)
+        metastore::table_at(self.file_io(), ident, location).await
     }
 
     /// Where a new table of `db` goes: the database's location, or `<warehouse>/<db>.db`; creates a missing database.
@@ -309,12 +290,8 @@ impl GlueCatalog {
             Some(l) => l,
             None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
         };
-        let creation = TableCreation { location: Some(location.clone()), ..creation };
-        let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
-        let meta_loc = MetadataLocation::new_with_metadata(&location, &metadata);
         let io = self.file_io();
-        metadata.write_to(&io, &meta_loc).await?;
-        let meta_loc = meta_loc.to_string();
+        let (metadata, meta_loc) = metastore::write_first_metadata(&io, creation, location).await?;
         let input = table_input(Map::new(), &name, None, &metadata, &meta_loc, None);
         if let Err(e) = self.call("CreateTable", json!({"DatabaseName": db, "TableInput": input}), false).await {
             let _ = io.delete(&meta_loc).await;
@@ -332,14 +309,8 @@ impl GlueCatalog {
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         let ident = table.identifier();
         let (db, name) = Self::db_and_name(ident)?;
-        let base = table.metadata_location_result()?.to_string();
-        let new_meta = super::apply_updates(table.metadata(), &base, &requirements, updates)?;
-        let loc = MetadataLocation::from_str(&base)
-            .map(|l| l.with_next_version().with_new_metadata(&new_meta))
-            .unwrap_or_else(|_| MetadataLocation::new_with_metadata(new_meta.location(), &new_meta));
         let io = self.file_io();
-        new_meta.write_to(&io, &loc).await?;
-        let new_loc = loc.to_string();
+        let (base, new_meta, new_loc) = metastore::write_next_metadata(&io, table, &requirements, updates).await?;
         let refused = |e: Error| async {
             let _ = io.delete(&new_loc).await;
             Err(e)
@@ -435,7 +406,7 @@ mod tests {
             .schema(schema)
             .properties(props.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .build();
-        TableMetadataBuilder::from_table_creation(creation).unwrap().build().unwrap().metadata
+        iceberg::spec::TableMetadataBuilder::from_table_creation(creation).unwrap().build().unwrap().metadata
     }
 
     #[test]

@@ -21,14 +21,13 @@
 pub(crate) mod thrift;
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iceberg::io::FileIO;
-use iceberg::spec::{TableMetadata, TableMetadataBuilder};
+use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
-use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
+use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 
 use super::metastore::{self, METADATA_LOCATION};
 use crate::error::{Error, Result};
@@ -149,15 +148,7 @@ impl HiveCatalog {
     }
 
     fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
-        let ns = ident.namespace().as_ref();
-        if ns.len() != 1 {
-            return Err(Error::Config(vec![format!(
-                "table `{ident}`: a Hive Metastore has one level of namespace (`database.table`); `{}` has {}",
-                ident.namespace().join("."),
-                ns.len()
-            )]));
-        }
-        Ok((ns[0].clone(), ident.name().to_string()))
+        metastore::db_and_name("a Hive Metastore", ident)
     }
 
     /// The Metastore table, `None` when it (or its database) does not exist.
@@ -202,17 +193,7 @@ impl HiveCatalog {
     }
 
     async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
-        let io = self.file_io();
-        let metadata = TableMetadata::read_from(&io, location)
-            .await
-            .map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
-        Ok(Table::builder()
-            .identifier(ident.clone())
-            .metadata(metadata)
-            .metadata_location(location.to_string())
-            .file_io(io)
-            .runtime(iceberg::Runtime::try_current()?)
-            .build()?)
+        metastore::table_at(self.file_io(), ident, location).await
     }
 
     /// The directory of database `db`, creating the database when missing (in `<warehouse>/<db>.db`, Hive's layout).
@@ -251,11 +232,7 @@ impl HiveCatalog {
             Some(l) => l,
             None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
         };
-        let creation = TableCreation { location: Some(location.clone()), ..creation };
-        let metadata = TableMetadataBuilder::from_table_creation(creation)?.build()?.metadata;
-        let meta_loc = MetadataLocation::new_with_metadata(&location, &metadata);
-        metadata.write_to(&self.file_io(), &meta_loc).await?;
-        let meta_loc = meta_loc.to_string();
+        let (metadata, meta_loc) = metastore::write_first_metadata(&self.file_io(), creation, location).await?;
         let now = chrono::Utc::now().timestamp() as i32;
         let mut t = Struct::of([
             (table::NAME, Value::str(&name)),
@@ -288,16 +265,8 @@ impl HiveCatalog {
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         let ident = table.identifier();
         let (db, name) = Self::db_and_name(ident)?;
-        let base = table.metadata_location_result()?.to_string();
-        let new_meta = super::apply_updates(table.metadata(), &base, &requirements, updates)?;
-        // Iceberg's `NNNNN-<uuid>.metadata.json`; a table whose file is named otherwise (migrated from another
-        // catalog) starts a new sequence — the uuid keeps the name fresh either way
-        let loc = MetadataLocation::from_str(&base)
-            .map(|l| l.with_next_version().with_new_metadata(&new_meta))
-            .unwrap_or_else(|_| MetadataLocation::new_with_metadata(new_meta.location(), &new_meta));
         let io = self.file_io();
-        new_meta.write_to(&io, &loc).await?;
-        let new_loc = loc.to_string();
+        let (base, new_meta, new_loc) = metastore::write_next_metadata(&io, table, &requirements, updates).await?;
 
         let lock = self.lock(&db, &name).await?;
         let outcome = self.swap_locked(&db, &name, ident, &base, &new_loc, table.metadata(), &new_meta).await;
