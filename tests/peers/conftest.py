@@ -1,5 +1,6 @@
 """Shared fixtures of the peer tests: one Spark session (Apache Spark 3.5 + Iceberg 1.10, local[2]) and the tables
 it writes, plus a helper that runs the real `cdc` binary."""
+import contextlib
 import json
 import os
 import socket
@@ -26,28 +27,31 @@ def warehouse():
     return d
 
 
+@contextlib.contextmanager
+def script_peer(script, state, what, env=None):
+    """A peer started by `scripts/<script> start STATE` (which prints its address): yields the address, stops it."""
+    path = os.path.join(ROOT, "scripts", script)
+    p = subprocess.run(["bash", path, "start", state], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what} did not start: {p.stderr}")
+    try:
+        yield p.stdout.strip()
+    finally:
+        subprocess.run(["bash", path, "stop", state])
+
+
 @pytest.fixture(scope="session")
 def rest_catalog(warehouse):
     """The Iceberg REST catalog server, started by scripts/rest-catalog.sh on a free 127.0.0.1 port."""
-    state = os.path.join(warehouse, "rest-server")
-    script = os.path.join(ROOT, "scripts", "rest-catalog.sh")
-    p = subprocess.run(["bash", script, "start", state], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"REST catalog server did not start: {p.stderr}")
-    yield p.stdout.strip()
-    subprocess.run(["bash", script, "stop", state])
+    with script_peer("rest-catalog.sh", os.path.join(warehouse, "rest-server"), "REST catalog server") as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")
 def hive_metastore(warehouse):
     """A Hive Metastore (standalone, Derby), started by scripts/hive-metastore.sh on a free 127.0.0.1 port."""
-    state = os.path.join(warehouse, "hive-metastore")
-    script = os.path.join(ROOT, "scripts", "hive-metastore.sh")
-    p = subprocess.run(["bash", script, "start", state], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"Hive Metastore did not start: {p.stderr}")
-    yield p.stdout.strip()
-    subprocess.run(["bash", script, "stop", state])
+    with script_peer("hive-metastore.sh", os.path.join(warehouse, "hive-metastore"), "Hive Metastore") as uri:
+        yield uri
 
 
 @pytest.fixture(scope="session")
@@ -104,25 +108,22 @@ def s3(warehouse, spark):
             time.sleep(0.2)
     else:
         raise RuntimeError("moto_server did not come up")
-    rest_script = os.path.join(ROOT, "scripts", "rest-catalog.sh")
     env = dict(os.environ, CATALOG_WAREHOUSE=f"s3://{BUCKET}/wh", CATALOG_IO__IMPL="org.apache.iceberg.aws.s3.S3FileIO",
                CATALOG_S3_ENDPOINT=url, CATALOG_S3_PATH__STYLE__ACCESS="true", CATALOG_S3_ACCESS__KEY__ID=KEYS["s3.access-key-id"],
                CATALOG_S3_SECRET__ACCESS__KEY=KEYS["s3.secret-access-key"], CATALOG_CLIENT_REGION="us-east-1", AWS_REGION="us-east-1")
-    p = subprocess.run(["bash", rest_script, "start", os.path.join(state, "rest")], capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"REST catalog server on S3 did not start: {p.stderr}")
-    rest_url = p.stdout.strip()
-    conf = {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": rest_url, ".io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-            ".s3.endpoint": url, ".s3.path-style-access": "true"}
-    conf.update({f".{k}": v for k, v in KEYS.items()})
-    for k, v in conf.items():
-        spark.conf.set(f"spark.sql.catalog.{S3CAT}{k}", v)
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {S3CAT}.db")
-    yield {"endpoint": url, "rest": rest_url}
-    subprocess.run(["bash", rest_script, "stop", os.path.join(state, "rest")])
-    moto.terminate()
-    moto.wait(10)
-    log.close()
+    try:
+        with script_peer("rest-catalog.sh", os.path.join(state, "rest"), "REST catalog server on S3", env=env) as rest_url:
+            conf = {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": rest_url, ".io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+                    ".s3.endpoint": url, ".s3.path-style-access": "true"}
+            conf.update({f".{k}": v for k, v in KEYS.items()})
+            for k, v in conf.items():
+                spark.conf.set(f"spark.sql.catalog.{S3CAT}{k}", v)
+            spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {S3CAT}.db")
+            yield {"endpoint": url, "rest": rest_url}
+    finally:
+        moto.terminate()
+        moto.wait(10)
+        log.close()
 
 
 def free_port():

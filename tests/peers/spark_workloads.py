@@ -105,14 +105,18 @@ TABLES = {
 }
 
 
+def create(spark, t, version, mode, keyed=True, partitioned=False, fmt=None):
+    """(Re)creates table `t` (any catalog) through Spark with the history of `workload`."""
+    spark.sql(f"DROP TABLE IF EXISTS {t}")
+    for s in workload(t, version, mode, keyed, partitioned, fmt):
+        spark.sql(s)
+
+
 def build(spark, names):
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
     for name in names:
         version, mode, keyed, partitioned = TABLES[name]
-        t = f"{CAT}.db.{name}"
-        spark.sql(f"DROP TABLE IF EXISTS {t}")
-        for s in workload(t, version, mode, keyed, partitioned):
-            spark.sql(s)
+        create(spark, f"{CAT}.db.{name}", version, mode, keyed, partitioned)
 
 
 if __name__ == "__main__":

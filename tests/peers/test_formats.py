@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from conftest import cdc_changes, run_cdc, spark_table, target_section, write_config
-from spark_workloads import CAT, table_props, workload
+from spark_workloads import CAT, create, table_props, workload
 from test_spark_changelog import actual_changes, expected_changes, lineage as changelog_lineage, norm, row_key, spark_rows
 from test_spark_sync import assert_replica, cols_at, lineage
 
@@ -27,10 +27,7 @@ FORMAT_TABLES = {
 def format_tables(spark):
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
     for name, (fmt, version, mode, partitioned) in FORMAT_TABLES.items():
-        t = f"{CAT}.db.{name}"
-        spark.sql(f"DROP TABLE IF EXISTS {t}")
-        for s in workload(t, version, mode, True, partitioned, fmt):
-            spark.sql(s)
+        create(spark, f"{CAT}.db.{name}", version, mode, True, partitioned, fmt)
     return FORMAT_TABLES
 
 

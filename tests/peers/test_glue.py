@@ -9,14 +9,13 @@ moto does not enforce `UpdateTable`'s `VersionId`, so the compare-and-set half o
 to prove; the pointer check before it is exercised here."""
 import os
 import subprocess
-import time
 
 import pytest
 
 from conftest import BUCKET, CDC, KEYS, cdc_changes, run_cdc, spark_table
-from spark_workloads import workload
+from spark_workloads import create
 from test_spark_changelog import actual_changes, expected_changes, lineage as changelog_lineage, spark_rows
-from test_spark_sync import assert_replica, cols_at, lineage, rows_of, source_cols, target_rows
+from test_spark_sync import assert_replica, assert_sync_survives_a_concurrent_commit, cols_at, lineage, source_cols
 
 GLUE = "glue_cat"
 NS = "gdb"
@@ -41,10 +40,7 @@ def glue(spark, s3):
         spark.conf.set(f"spark.sql.catalog.{GLUE}{k}", v)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {GLUE}.{NS}")
     for name, (version, mode, partitioned) in GLUE_TABLES.items():
-        t = f"{GLUE}.{NS}.{name}"
-        spark.sql(f"DROP TABLE IF EXISTS {t}")
-        for stmt in workload(t, version, mode, True, partitioned):
-            spark.sql(stmt)
+        create(spark, f"{GLUE}.{NS}.{name}", version, mode, True, partitioned)
     return s3
 
 
@@ -93,28 +89,7 @@ def test_spark_commits_between_plan_and_commit(spark, glue, tmp_path):
     name = "mor_v2"
     src, tgt = f"{GLUE}.{NS}.{name}", f"{GLUE}.gconflict.{name}"
     cfg = config(tmp_path / "cdc.toml", glue, f"{NS}.{name}", f"gconflict.{name}")
-    snaps = lineage(spark, src)
-    run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    env = dict(os.environ, CDC_TEST_PAUSE_BEFORE_COMMIT=str(pause))
-    proc = subprocess.Popen([CDC, "sync", "--config", cfg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):
-            if (pause / "paused").exists() or proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert (pause / "paused").exists(), proc.communicate()[1]
-        spark.sql(f"INSERT INTO {tgt} (id, name, amount, ts, cat) VALUES (9999, 'other-writer', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'o')")
-    finally:
-        (pause / "resume").touch()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "retrying" in err or "conflict" in err.lower(), err
-    cols = source_cols(spark, src)
-    got, want = target_rows(spark, tgt, cols), rows_of(spark, src, cols)
-    extra = got - want
-    assert got - extra == want and len(extra) == 1 and next(iter(extra))[0] == 9999, f"{want - got} / {extra}"
+    assert_sync_survives_a_concurrent_commit(spark, cfg, src, tgt, tmp_path)
 
 
 def test_credentials_from_the_environment_and_clear_errors(spark, glue, tmp_path):

@@ -7,19 +7,17 @@ Iceberg 1.10 through Iceberg's HiveCatalog (`type = hive`):
 - Spark commits to the Hive target between cdc's plan and commit (the retry path), and Spark and cdc commit to one
   Hive table at the same time: no commit is lost (both take the Metastore's table lock);
 - a Metastore that is not there, and a table that is not there, are clear errors with their own exit codes."""
-import os
 import signal
 import subprocess
 import threading
-import time
 from collections import Counter
 
 import pytest
 
 from conftest import CDC, cdc_changes, free_port, run_cdc, spark_table, target_section, wait_until
-from spark_workloads import workload
+from spark_workloads import create, workload
 from test_spark_changelog import actual_changes, expected_changes, lineage as changelog_lineage, spark_rows
-from test_spark_sync import assert_replica, cols_at, lineage, rows_of, source_cols, target_rows
+from test_spark_sync import assert_replica, assert_sync_survives_a_concurrent_commit, cols_at, lineage, rows_of, source_cols, target_rows
 
 NS = "hdb"
 # name: (format version, write mode, partitioned, file format)
@@ -46,10 +44,7 @@ def with_target(path, section):
 def hive_tables(spark):
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS hive_cat.{NS}")
     for name, (version, mode, partitioned, fmt) in HIVE_TABLES.items():
-        t = f"hive_cat.{NS}.{name}"
-        spark.sql(f"DROP TABLE IF EXISTS {t}")
-        for s in workload(t, version, mode, True, partitioned, fmt):
-            spark.sql(s)
+        create(spark, f"hive_cat.{NS}.{name}", version, mode, True, partitioned, fmt)
     return HIVE_TABLES
 
 
@@ -114,28 +109,7 @@ def test_spark_commits_between_plan_and_commit(spark, hive_tables, hive_metastor
     src = f"hive_cat.{NS}.{name}"
     section, tgt = target_section("hive", f"hconflict.{name}", warehouse, rest_catalog, sql_target, hive_uri=hive_metastore)
     cfg = with_target(hive_source(tmp_path / "cdc.toml", f"{NS}.{name}", hive_metastore), section)
-    snaps = lineage(spark, src)
-    run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
-    pause = tmp_path / "pause"
-    pause.mkdir()
-    env = dict(os.environ, CDC_TEST_PAUSE_BEFORE_COMMIT=str(pause))
-    proc = subprocess.Popen([CDC, "sync", "--config", cfg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):
-            if (pause / "paused").exists() or proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        assert (pause / "paused").exists(), proc.communicate()[1]
-        spark.sql(f"INSERT INTO {tgt} (id, name, amount, ts, cat) VALUES (9999, 'other-writer', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'o')")
-    finally:
-        (pause / "resume").touch()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "retrying" in err or "conflict" in err.lower(), err
-    cols = source_cols(spark, src)
-    got, want = target_rows(spark, tgt, cols), rows_of(spark, src, cols)
-    extra = got - want
-    assert got - extra == want and len(extra) == 1 and next(iter(extra))[0] == 9999, f"{want - got} / {extra}"
+    assert_sync_survives_a_concurrent_commit(spark, cfg, src, tgt, tmp_path)
 
 
 def test_spark_and_cdc_commit_at_once_and_no_commit_is_lost(spark, hive_tables, hive_metastore, warehouse, rest_catalog, sql_target, tmp_path):

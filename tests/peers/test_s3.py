@@ -2,7 +2,6 @@
 FileIO), Apache Spark writing the sources and reading the targets back. `cdc` reaches S3 with static keys given as
 catalog properties, and uploads large files in 5 MiB parts (multipart upload)."""
 import json
-import os
 import subprocess
 import time
 import urllib.parse
@@ -10,11 +9,9 @@ import urllib.request
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-import pytest
-
 import object_names
 from conftest import BUCKET, CDC, KEYS, S3CAT
-from spark_workloads import TABLES, workload
+from spark_workloads import TABLES, create
 
 # the `s3` fixture (moto + the REST catalog server on S3) lives in conftest: test_glue shares it
 
@@ -40,9 +37,7 @@ def sync(tmp_path, s3, source, target, *args):
 def test_sync_s3_to_s3(spark, s3, tmp_path):
     version, mode, keyed, partitioned = TABLES["part_v2"]
     src = f"{S3CAT}.db.s_part_v2"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    for s in workload(src, version, mode, keyed, partitioned):
-        spark.sql(s)
+    create(spark, src, version, mode, keyed, partitioned)
     first = [r.snapshot_id for r in spark.sql(f"SELECT snapshot_id FROM {src}.snapshots ORDER BY committed_at").collect()][1]
     p = sync(tmp_path, s3, "db.s_part_v2", "repl.s_part_v2", "--to-snapshot", str(first))
     assert p.returncode == 0, p.stderr
@@ -113,9 +108,7 @@ def test_maintain_on_s3(spark, s3, tmp_path):
     API with the table's credentials — is deleted once older than `orphan_grace`; Spark reads the target equal."""
     version, mode, keyed, partitioned = TABLES["part_v2"]
     src = f"{S3CAT}.db.s_maint"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    for s in workload(src, version, mode, keyed, partitioned):
-        spark.sql(s)
+    create(spark, src, version, mode, keyed, partitioned)
     extra = ('snapshots_per_commit = 1\nmerge_manifests = false\nexpire_snapshots = false\nsnapshot_retention = "0s"\n'
              'retain_snapshots = 2\norphan_grace = "1s"\n')
     cfg = tmp_path / "cdc.toml"

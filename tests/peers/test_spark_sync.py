@@ -335,6 +335,13 @@ def test_sync_retries_after_another_writer_commits(spark, spark_tables, warehous
     src = f"{CAT}.db.{name}"
     section, tgt = target_section("rest", f"conflict.{name}", warehouse, rest_catalog, sql_target)
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    assert_sync_survives_a_concurrent_commit(spark, cfg, src, tgt, tmp_path)
+
+
+def assert_sync_survives_a_concurrent_commit(spark, cfg, src, tgt, tmp_path):
+    """Bootstraps `tgt` from `src`'s first snapshot, then runs `cdc sync` paused between planning and committing
+    (test hook) while Spark commits a row to the target: the sync must see the target moved, reload, retry, and end
+    equal to the source plus the other writer's row."""
     snaps = lineage(spark, src)
     run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
     pause = tmp_path / "pause"
@@ -351,12 +358,11 @@ def test_sync_retries_after_another_writer_commits(spark, spark_tables, warehous
         spark.sql(f"INSERT INTO {tgt} (id, name, amount, ts, cat) VALUES (9999, 'other-writer', 1.00, TIMESTAMP '2024-01-01 00:00:00', 'o')")
     finally:
         (pause / "resume").touch()
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "retrying" in err or "conflict" in err.lower(), err
     cols = source_cols(spark, src)
-    got = target_rows(spark, tgt, cols)
-    want = rows_of(spark, src, cols)
+    got, want = target_rows(spark, tgt, cols), rows_of(spark, src, cols)
     extra = got - want
     assert got - extra == want and len(extra) == 1 and next(iter(extra))[0] == 9999, f"{want - got} / {extra}"
 
