@@ -67,7 +67,7 @@ pub struct RunStatus {
     pub heartbeat: Instant,
     pub lag_seconds: f64,
     pub lag_snapshots: u64,
-    /// The loop is running (its thread started); false from configuration until then.
+    /// The loop is running (its task started); false from configuration until then.
     pub started: bool,
     /// When the service configured the loop.
     pub registered: Instant,
@@ -75,8 +75,6 @@ pub struct RunStatus {
     pub polling: bool,
     /// When the next poll is due (the loop is sleeping until then).
     pub next_poll: Instant,
-    /// Why the loop could not start, when it could not.
-    pub start_error: Option<String>,
 }
 
 impl RunStatus {
@@ -92,23 +90,19 @@ impl RunStatus {
             registered: now,
             polling: false,
             next_poll: now,
-            start_error: None,
         }
     }
 
     /// Why the loop is behind its own schedule at `now`, if it is: not started within [`LIVENESS_SLACK`] of being
     /// configured, a poll running without progress for longer than `stall`, or a poll not begun within
-    /// [`LIVENESS_SLACK`] of being due (a loop starved of a thread or stuck outside a poll). A loop stopped by a
+    /// [`LIVENESS_SLACK`] of being due (a loop waiting long for a poll slot, or stuck outside a poll). A loop stopped by a
     /// permanent error is failed, not late: it waits for a reload by design.
     pub fn overdue(&self, now: Instant, stall: Duration) -> Option<String> {
         let since = |t: Instant| now.saturating_duration_since(t).as_secs_f64();
         if self.stopped {
             None
         } else if !self.started {
-            (now.saturating_duration_since(self.registered) > LIVENESS_SLACK).then(|| match &self.start_error {
-                Some(e) => format!("not started for {:.0}s: {e}", since(self.registered)),
-                None => format!("not started for {:.0}s", since(self.registered)),
-            })
+            (now.saturating_duration_since(self.registered) > LIVENESS_SLACK).then(|| format!("not started for {:.0}s", since(self.registered)))
         } else if self.polling {
             (now.saturating_duration_since(self.heartbeat) > stall)
                 .then(|| format!("no progress for {:.0}s in a poll (service.stall_timeout {:?})", since(self.heartbeat), stall))
@@ -284,7 +278,6 @@ impl Telemetry {
         tracing::info!(pipeline = %l.pipeline, sink = %l.sink, "pipeline started");
         self.with_status(l, |s| {
             s.started = true;
-            s.start_error = None;
             s.stopped = false;
             s.heartbeat = Instant::now();
             s.next_poll = Instant::now();
@@ -468,11 +461,9 @@ mod tests {
         let t0 = Instant::now();
         let later = |s: u64| t0 + Duration::from_secs(s);
         let mut s = RunStatus::new(t0);
-        // configured, not started: allowed the slack, then "not started" with the reason it could not
+        // configured, not started: allowed the slack, then "not started"
         assert_eq!(s.overdue(later(10), STALL), None);
         assert_eq!(s.overdue(later(31), STALL).as_deref(), Some("not started for 31s"));
-        s.start_error = Some("cannot start a thread for it: EAGAIN".into());
-        assert!(s.overdue(later(31), STALL).unwrap().ends_with("EAGAIN"));
         // started and sleeping until its next poll: late only past the due time plus the slack
         s.started = true;
         s.next_poll = later(100);
