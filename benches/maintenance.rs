@@ -94,7 +94,7 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) 
     let source = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
     let target = Catalog::connect(&cfg.target.as_ref().unwrap().catalog, "target").await.unwrap();
     let mut table = source.load_table(quickstart::TABLE).await.unwrap();
-    let mut sinks = iceberg_cdc::sink::open(&cfg, "bench").await.unwrap();
+    let mut sinks = iceberg_cdc::sink::open(&cfg, "bench", iceberg_cdc::sink::Lifetime::LongRunning).await.unwrap();
     iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
     let table_dir = tw.join("replica").join("orders");
     // the source is maintained by its owner too (`cdc maintain` on it: compacted, manifests merged, snapshots expired), so that

@@ -299,7 +299,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             });
             let (mut rows, mut bytes) = (0u64, 0u64);
             // the destinations first: a config without one fails before anything is read
-            let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table)).await?;
+            let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table), iceberg_cdc::sink::Lifetime::OneShot).await?;
             let mut sinks = iceberg_cdc::sink::testing::PauseBeforeCommit::from_env(opened);
             let summary = pipeline::run_sync(&cfg, &mut sinks, from, to, |c| {
                 let s = &c.stats;

@@ -62,6 +62,16 @@ pub async fn commit_changes(catalog: &Catalog, table: &Table, upserts: &[(i64, &
     catalog.commit(table, c.requirements, c.updates).await
 }
 
+/// Creates the demo table `demo.orders` in `catalog` with its first four commits (inserts, updates, deletes).
+pub(crate) async fn create_demo(catalog: &Catalog) -> Result<Table> {
+    let creation = TableCreation::builder().name("orders".to_string()).schema(demo_schema()?).format_version(iceberg::spec::FormatVersion::V2).build();
+    let t = catalog.create_table(TABLE, creation).await?;
+    let t = commit_changes(catalog, &t, &[(1, "ada", 1250), (2, "grace", 990), (3, "linus", 4200), (4, "ken", 100), (5, "barbara", 7731)], &[]).await?;
+    let t = commit_changes(catalog, &t, &[(2, "grace", 1990), (6, "edsger", 500)], &[4]).await?;
+    let t = commit_changes(catalog, &t, &[(7, "margaret", 3000), (8, "donald", 6400)], &[]).await?;
+    commit_changes(catalog, &t, &[(7, "margaret", 3500), (4, "ken", 150)], &[1]).await
+}
+
 /// Target table of the quickstart's replication (same sqlite catalog, its own namespace).
 pub const REPLICA: &str = "replica.orders";
 
@@ -90,16 +100,9 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
     let table = match catalog.load_table(TABLE).await {
         Ok(t) => t,
         Err(Error::TableNotFound { .. }) => {
-            let creation =
-                TableCreation::builder().name("orders".to_string()).schema(demo_schema()?).format_version(iceberg::spec::FormatVersion::V2).build();
-            let t = catalog.create_table(TABLE, creation).await?;
+            let t = create_demo(&catalog).await?;
             eprintln!("quickstart: created {TABLE} in {}", warehouse.display());
-            let t =
-                commit_changes(&catalog, &t, &[(1, "ada", 1250), (2, "grace", 990), (3, "linus", 4200), (4, "ken", 100), (5, "barbara", 7731)], &[])
-                    .await?;
-            let t = commit_changes(&catalog, &t, &[(2, "grace", 1990), (6, "edsger", 500)], &[4]).await?;
-            let t = commit_changes(&catalog, &t, &[(7, "margaret", 3000), (8, "donald", 6400)], &[]).await?;
-            commit_changes(&catalog, &t, &[(7, "margaret", 3500), (4, "ken", 150)], &[1]).await?
+            t
         }
         Err(e) => return Err(e),
     };
@@ -192,7 +195,7 @@ pub async fn scan_snapshot(table: &Table, snapshot_id: i64, columns: Option<&[&s
 }
 
 /// A table's live rows as `id customer amount`, ordered by id.
-async fn rows(table: &Table) -> Result<Vec<String>> {
+pub(crate) async fn rows(table: &Table) -> Result<Vec<String>> {
     let Some(id) = table.metadata().current_snapshot_id() else { return Ok(Vec::new()) };
     let batches = scan_snapshot(table, id, Some(&["id", "customer", "amount"])).await?;
     let mut out = Vec::new();

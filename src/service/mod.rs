@@ -344,7 +344,7 @@ async fn poll(
 ) -> Result<()> {
     if state.is_none() {
         let source = Catalog::shared(&cfg.source.catalog, "source").await?;
-        *state = Some(Pipeline { source, sinks: crate::sink::open(cfg, &run.pipeline).await?, idle: None });
+        *state = Some(Pipeline { source, sinks: crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?, idle: None });
     }
     let p = state.as_mut().expect("just connected");
     // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
@@ -369,6 +369,7 @@ async fn poll(
     // the least advanced sink decides what is pending
     let mut pending = Vec::new();
     for s in p.sinks.iter_mut() {
+        telemetry.maintained(labels, &s.take_maintenance());
         let behind = pending_snapshots(meta, s.recorded(&info).await?);
         if behind.len() > pending.len() {
             pending = behind;

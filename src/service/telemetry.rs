@@ -367,8 +367,9 @@ impl Telemetry {
         self.with_status(l, |s| s.heartbeat = Instant::now());
     }
 
-    /// Event: a commit's maintenance of the target (expiry, manifest merging, compaction) — counted, and logged by the sink.
-    fn maintained(&self, l: &RunLabels, m: &MaintenanceStats) {
+    /// Event: maintenance of the target (expiry, manifest merging, compaction), by a commit or in the background —
+    /// counted, and logged by the sink.
+    pub(crate) fn maintained(&self, l: &RunLabels, m: &MaintenanceStats) {
         let task = |t: &str| TaskLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), task: t.into() };
         // (task, runs that changed the target, failures, seconds spent when the task measures them)
         let tasks = [

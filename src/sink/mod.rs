@@ -26,10 +26,10 @@ use crate::error::{Error, Result};
 
 /// The destinations `cfg` names, in commit order (the Iceberg table before the Kafka topic), each owning its catalog
 /// or client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
-pub async fn open(cfg: &Config, pipeline: &str) -> Result<Vec<Box<dyn Sink>>> {
+pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(t) = &cfg.target {
-        sinks.push(Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget).await?));
+        sinks.push(Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget, lifetime).await?));
     }
     if let Some(k) = &cfg.kafka {
         sinks.push(Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)));
@@ -38,6 +38,17 @@ pub async fn open(cfg: &Config, pipeline: &str) -> Result<Vec<Box<dyn Sink>>> {
         return Err(Error::Config(vec!["[target] or [kafka]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into()]));
     }
     Ok(sinks)
+}
+
+/// How long the sinks [`open`] returns live: it decides where an Iceberg target's compaction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// One `cdc sync`: compaction runs between its commits, so the target is compacted when the sync ends.
+    OneShot,
+    /// The service's loops, run after run: compaction rewrites in the background and commits between the applier's
+    /// commits, off the replication path (equality-delete targets; position-delete targets compact between commits,
+    /// since the applier's positions hold only on the head it looked them up in).
+    LongRunning,
 }
 
 /// The source a sink serves, as the runner resolved it.
@@ -218,6 +229,11 @@ pub trait Sink: Send {
     fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>>;
     /// Abandons the open commit and removes what it wrote.
     fn abort(&mut self) -> BoxFuture<'_, ()>;
+    /// Maintenance the sink did outside its commits since the last commit or call (a compaction in the background),
+    /// for telemetry; a commit's own is in its [`CommitStats`].
+    fn take_maintenance(&mut self) -> MaintenanceStats {
+        MaintenanceStats::default()
+    }
     /// Commit attempts repeated so far (conflicts, transient failures).
     fn retries(&self) -> u32;
     /// Whether this sink created its destination (a target table) in this run.

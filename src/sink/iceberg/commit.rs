@@ -31,7 +31,7 @@ use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{compact, expire, progress, target};
-use crate::sink::{Chunk, CommitStats, Committed, MaintenanceStats, Sink, SourceInfo};
+use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Sink, SourceInfo};
 
 /// An Iceberg target table, with the catalog it lives in.
 pub struct IcebergSink {
@@ -48,6 +48,14 @@ pub struct IcebergSink {
     memory_budget: u64,
     /// The target's file totals when compaction was last planned.
     compact_mark: compact::Mark,
+    /// Whether compaction runs in the background (see [`Lifetime::LongRunning`]).
+    background: bool,
+    /// The compaction running in the background, if one is.
+    compaction: Option<tokio::task::JoinHandle<Background>>,
+    /// Taken by whoever commits to the target from this sink — the applier's commits and the background
+    /// compaction's — so that they never race each other. Holds the table a compaction's commit left behind, which
+    /// the applier's next commit builds on (instead of conflicting with it).
+    gate: Arc<tokio::sync::Mutex<Option<Table>>>,
     /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
     swept_at: Instant,
 }
@@ -68,9 +76,12 @@ struct Open {
 impl IcebergSink {
     /// A sink writing to `cfg`'s table, connected to its catalog; its writers' buffers are bounded by a share of
     /// `memory_budget`.
-    pub async fn open(cfg: TargetConfig, memory_budget: u64) -> Result<Self> {
+    pub async fn open(cfg: TargetConfig, memory_budget: u64, lifetime: Lifetime) -> Result<Self> {
         let catalog = Catalog::shared(&cfg.catalog, "target").await?;
         Ok(IcebergSink {
+            background: lifetime == Lifetime::LongRunning && cfg.delete_mode == DeleteMode::Equality,
+            compaction: None,
+            gate: Arc::default(),
             catalog,
             cfg,
             table: None,
@@ -250,6 +261,15 @@ impl IcebergSink {
         let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
         let CommitFiles { data, deletes: dels, replaced_deletes_of, stats } = open.writer.finish().await?;
         let mut target = self.table.clone().ok_or_else(|| Error::Internal("the Iceberg sink was used before prepare".into()))?;
+        // a background compaction commits only while no applier commit is under way
+        let gate = self.gate.clone();
+        let mut gate = gate.lock().await;
+        if let Some(compacted) = gate.take() {
+            // it landed on the head this commit was planned on: build on it rather than conflict with it
+            if compacted.metadata().current_snapshot().and_then(|s| s.parent_snapshot_id()) == target.metadata().current_snapshot_id() {
+                target = compacted;
+            }
+        }
         let evo = open.evolution;
         let map_recorded = FieldMap::read(target.metadata(), &source.uuid).ok().flatten().as_ref() == Some(&evo.map);
         if data.is_empty() && dels.is_empty() && !evo.changed && map_recorded && !open.must_commit {
@@ -351,7 +371,14 @@ impl IcebergSink {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
         let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await } else { table };
-        let table = if self.cfg.compact { self.compact_when_due(table, &mut stats.maintenance).await } else { table };
+        let table = match (self.cfg.compact, self.background) {
+            (false, _) => table,
+            (true, false) => self.compact_when_due(table, &mut stats.maintenance).await,
+            (true, true) => {
+                self.compact_in_background(&table, &mut stats.maintenance);
+                table
+            }
+        };
         self.sweep_when_due(&table, &mut stats.maintenance).await;
         self.table = Some(table);
         self.map = map;
@@ -393,6 +420,67 @@ impl IcebergSink {
         table
     }
 
+    /// Counts a finished background compaction in `stats`, and starts one on `table` when due and none runs (see
+    /// [`Lifetime::LongRunning`]): it rewrites on its own task, within a quarter of the memory budget and with at most
+    /// [`compactions_at_once`] running in the process, and commits through the gate (rebased on the applier's commits
+    /// since, see `compact::commit`). Best effort, like [`Self::compact_when_due`].
+    fn compact_in_background(&mut self, table: &Table, stats: &mut MaintenanceStats) {
+        self.collect_compaction(stats);
+        let policy = compact::Policy::of(&self.cfg);
+        if self.compaction.is_some() || !compact::due(self.compact_mark, compact::Mark::of(table), &policy) {
+            return;
+        }
+        self.compact_mark = compact::Mark::of(table);
+        let (catalog, cfg, table, gate, budget) = (self.catalog.clone(), self.cfg.clone(), table.clone(), self.gate.clone(), self.memory_budget / 4);
+        self.compaction = Some(tokio::spawn(async move {
+            let _slot = compactions_at_once().acquire().await;
+            let started = Instant::now();
+            let result = async {
+                let Some(rewritten) = compact::rewrite(&cfg, &table, &policy, budget).await? else { return Ok(None) };
+                let mut gate = gate.lock().await;
+                let now = catalog.load_table(&cfg.table).await?;
+                let Some((after, c)) = compact::commit(&catalog, &cfg, rewritten, now).await? else { return Ok(None) };
+                let mark = compact::Mark::of(&after);
+                *gate = Some(after);
+                Ok((mark, c)).map(Some)
+            }
+            .await;
+            let seconds = started.elapsed().as_secs_f64();
+            match &result {
+                Ok(Some((_, c))) => tracing::info!(
+                    table = %cfg.table, data_files = c.data_files_rewritten, delete_files = c.delete_files_removed,
+                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds, "compacted the target in the background"
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(table = %cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later"),
+            }
+            Background { result, seconds }
+        }));
+    }
+
+    /// Counts the background compaction in `stats` if it has finished.
+    fn collect_compaction(&mut self, stats: &mut MaintenanceStats) {
+        let Some(done) = self.compaction.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
+        match done {
+            Ok(Background { result: Ok(Some((mark, c))), seconds }) => {
+                stats.compactions += 1;
+                stats.compact_seconds += seconds;
+                stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
+                stats.bytes_rewritten += c.bytes_rewritten;
+                self.compact_mark = mark;
+            }
+            Ok(Background { result: Ok(None), seconds }) => stats.compact_seconds += seconds,
+            Ok(Background { result: Err(_), seconds }) => {
+                stats.compact_seconds += seconds;
+                stats.compact_failures += 1;
+            }
+            Err(e) => {
+                stats.compact_failures += 1;
+                tracing::warn!(table = %self.cfg.table, error = %e, "the background compaction ended abnormally");
+            }
+        }
+    }
+
     /// Deletes the target's orphan files older than `orphan_grace` once every `orphan_sweep_interval` (best effort:
     /// a failure is logged and counted, and the sweep is tried again at the next interval).
     async fn sweep_when_due(&mut self, table: &Table, stats: &mut MaintenanceStats) {
@@ -412,6 +500,19 @@ impl IcebergSink {
             }
         }
     }
+}
+
+/// What a background compaction did, and how long it took.
+struct Background {
+    result: Result<Option<(compact::Mark, compact::Compacted)>>,
+    seconds: f64,
+}
+
+/// Background compactions that rewrite at once in this process (half the cores, at least one): each holds a quarter
+/// of its pipeline's memory budget, and the applier's runs need the rest of the machine.
+fn compactions_at_once() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1)))
 }
 
 /// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards, and counts what
@@ -564,9 +665,16 @@ impl Sink for IcebergSink {
         Some(ids)
     }
 
-    /// The table's metadata location, where the catalog tells it without loading the metadata.
+    /// The table's metadata location, where the catalog tells it without loading the metadata; unknown while a
+    /// finished background compaction waits to be counted (the poll then reaches [`Sink::take_maintenance`]).
     fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
-        async move { self.catalog.cheap_metadata_location(&self.cfg.table).await }.boxed()
+        async move {
+            if self.compaction.as_ref().is_some_and(|t| t.is_finished()) {
+                return Ok(None);
+            }
+            self.catalog.cheap_metadata_location(&self.cfg.table).await
+        }
+        .boxed()
     }
 
     fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
@@ -631,6 +739,13 @@ impl Sink for IcebergSink {
             }
         }
         .boxed()
+    }
+
+    /// A background compaction that finished since the last commit or the last call.
+    fn take_maintenance(&mut self) -> MaintenanceStats {
+        let mut stats = MaintenanceStats::default();
+        self.collect_compaction(&mut stats);
+        stats
     }
 
     fn retries(&self) -> u32 {

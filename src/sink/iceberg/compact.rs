@@ -12,13 +12,18 @@
 //!    one file). A delete file is removed when every live data file it applies to is rewritten (or none is left).
 //! 3. **Rewrite**: the chosen files' live rows (deletes applied by `cdc`'s own reader) are written into new files of
 //!    the table's current schema and default spec, closed at `target_file_size`, within the memory budget.
-//! 4. **Commit** one `replace` snapshot (`RowDelta::remove_files`) that requires the head it was planned on: another
-//!    commit in between skips this round (its files are removed), so a compaction never undoes or duplicates one.
+//! 4. **Commit** ([`commit`]) one `replace` snapshot (`RowDelta::remove_files`). The new files get the data sequence
+//!    number of the head the plan was made on, so that equality deletes committed since still apply to their rows. A
+//!    commit that lands in between (the applier's, while a compaction runs in the background) is rebased on, unless
+//!    something since contradicts the rewrite ([`rebase_blocker`]): a schema or spec change, a rollback, a position
+//!    delete that may point into a rewritten file, or a file to remove that is no longer live. Then the round is
+//!    skipped and its files removed, so a compaction never undoes or duplicates another commit.
 //!
-//! Invariants: the rows a reader sees are the same before and after (the new files get the new snapshot's sequence
-//! number, so the deletes that were applied — all older — no longer apply to them, and any later equality delete
-//! does); a delete file goes only when no data file that stays can match it. Progress is untouched: the `replace`
-//! snapshot records none, so the newest applier commit below it (or the table property) still answers.
+//! Invariants: the rows a reader sees are the same before and after (deletes up to the planned head were applied and
+//! no longer apply to the new files — their sequence numbers are not above the new files' — and every later equality
+//! delete does); a delete file goes only when no data file that stays can match it, and no file added after the plan
+//! can (it has a higher data sequence number). Progress is untouched: the `replace` snapshot records none, so the
+//! newest applier commit below it (or the table property) still answers.
 //!
 //! Not compacted: format v3 targets (iceberg-rust 0.10.1 cannot carry a row's `_row_id` into a rewritten file, and
 //! new row ids would break row lineage) and a head whose schema is not the current one.
@@ -26,7 +31,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use iceberg::spec::FormatVersion;
+use iceberg::spec::{DataFile, FormatVersion};
 use iceberg::table::Table;
 
 use crate::catalog::Catalog;
@@ -179,9 +184,10 @@ pub struct Compacted {
     pub rows: u64,
 }
 
-/// Plans and commits one compaction of `table` under `policy`, rewriting with a writer bounded by `memory_budget`.
-/// Returns the table after it and what it did; `None` when there was nothing to do, the target is not compactable
-/// (see the module docs) or another commit came first (this round is skipped).
+/// Plans and commits one compaction of `table` under `policy`, rewriting with a writer bounded by `memory_budget`:
+/// [`rewrite`], then [`commit`] on `table` (rebased when another commit lands first). Returns the table after it and
+/// what it did; `None` when there was nothing to do, the target is not compactable (see the module docs) or the
+/// rewrite could not be committed (this round is skipped).
 pub(crate) async fn compact(
     catalog: &Catalog,
     cfg: &TargetConfig,
@@ -189,6 +195,30 @@ pub(crate) async fn compact(
     policy: &Policy,
     memory_budget: u64,
 ) -> Result<Option<(Table, Compacted)>> {
+    match rewrite(cfg, table, policy, memory_budget).await? {
+        Some(r) => commit(catalog, cfg, r, table.clone()).await,
+        None => Ok(None),
+    }
+}
+
+/// A compaction's files, written and not yet committed.
+pub(crate) struct Rewritten {
+    /// The table as it was planned on.
+    planned: Table,
+    /// New data files holding the live rows of `rewritten`.
+    written: Vec<DataFile>,
+    /// The data files rewritten (what a later position delete must not reference).
+    rewritten: Vec<Arc<FileEntry>>,
+    /// The delete files the compaction removes.
+    dropped: Vec<String>,
+    /// Every delete file live at the planned head (anything else was added since).
+    planned_deletes: HashSet<String>,
+    out: Compacted,
+}
+
+/// Plans one compaction of `table` under `policy` and writes its files (see the module docs); `None` when there is
+/// nothing to do or the target is not compactable.
+pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, memory_budget: u64) -> Result<Option<Rewritten>> {
     let meta = table.metadata();
     let Some(head) = meta.current_snapshot().cloned() else { return Ok(None) };
     let schema = crate::spec::lineage::snapshot_schema(meta, Some(&head));
@@ -261,31 +291,98 @@ pub(crate) async fn compact(
     };
     out.rows = sink.rows;
     out.data_files_written = written.len();
-    let new_paths: Vec<String> = written.iter().map(|f| f.file_path().to_string()).collect();
-    let removed = rewrite.into_iter().chain(chosen.drop_deletes.iter().map(|i| deletes[*i].path().to_string()));
-    let prepared = match RowDelta::new().add_data_files(written).remove_files(removed).merge_manifests(cfg.merge_manifests).prepare(table).await {
-        Ok(p) => p,
-        Err(e) => {
-            remove_unreferenced(table.file_io(), new_paths).await;
-            return Err(e);
-        }
-    };
-    let mut garbage = new_paths;
-    garbage.extend(prepared.metadata_files.iter().cloned());
-    match catalog.commit(table, prepared.requirements, prepared.updates).await {
-        Ok(after) => Ok(Some((after, out))),
-        Err(Error::Conflict { message, .. }) => {
-            tracing::info!(table = %cfg.table, %message, "another commit came before the compaction; it is planned again later");
-            remove_unreferenced(table.file_io(), garbage).await;
+    Ok(Some(Rewritten {
+        planned: table.clone(),
+        written,
+        rewritten: chosen.rewrite.iter().map(|i| data[*i].clone()).collect(),
+        dropped: chosen.drop_deletes.iter().map(|i| deletes[*i].path().to_string()).collect(),
+        planned_deletes: deletes.iter().map(|d| d.path().to_string()).collect(),
+        out,
+    }))
+}
+
+/// Commits `r` as one `replace` snapshot on `table` (the target as now known). When the head moved since the plan,
+/// the rewrite is rebased onto it if nothing since contradicts it ([`rebase_blocker`]): the new files keep the
+/// planned head's data sequence number, so equality deletes committed since still apply to their rows, and the
+/// removed files must all still be live. A conflict reloads and tries again (3 attempts); a rewrite that cannot be
+/// committed is skipped and its files removed. Returns the table after the commit and what it did.
+pub(crate) async fn commit(catalog: &Catalog, cfg: &TargetConfig, r: Rewritten, mut table: Table) -> Result<Option<(Table, Compacted)>> {
+    let planned_head = r.planned.metadata().current_snapshot().cloned().ok_or_else(|| Error::Internal("a compaction planned on an empty table".into()))?;
+    let new_paths: Vec<String> = r.written.iter().map(|f| f.file_path().to_string()).collect();
+    let removed: Vec<String> = r.rewritten.iter().map(|f| f.path().to_string()).chain(r.dropped.iter().cloned()).collect();
+    let io = r.planned.file_io().clone();
+    let skip = |why: String| {
+        let garbage = new_paths.clone();
+        let io = io.clone();
+        async move {
+            tracing::info!(table = %cfg.table, reason = %why, "the compaction is skipped; it is planned again later");
+            remove_unreferenced(&io, garbage).await;
             Ok(None)
         }
-        // an unknown outcome keeps its files: the commit may still land (orphans at worst)
-        Err(e @ Error::CommitUnknown { .. }) => Err(e),
-        Err(e) => {
-            remove_unreferenced(table.file_io(), garbage).await;
-            Err(e)
+    };
+    for attempt in 1..=3 {
+        if table.metadata().current_snapshot_id() != Some(planned_head.snapshot_id()) {
+            if let Some(why) = rebase_blocker(&r, &planned_head, &table).await? {
+                return skip(why).await;
+            }
+        }
+        let delta = RowDelta::new()
+            .add_data_files(r.written.iter().cloned())
+            .data_sequence_number(planned_head.sequence_number())
+            .remove_files(removed.iter().cloned())
+            .merge_manifests(cfg.merge_manifests);
+        let prepared = match delta.prepare(&table).await {
+            Ok(p) => p,
+            // a file to remove is gone: another writer rewrote or removed it
+            Err(Error::Conflict { message, .. }) => return skip(message).await,
+            Err(e) => {
+                remove_unreferenced(&io, new_paths).await;
+                return Err(e);
+            }
+        };
+        let manifests = prepared.metadata_files.clone();
+        match catalog.commit(&table, prepared.requirements, prepared.updates).await {
+            Ok(after) => return Ok(Some((after, r.out))),
+            Err(Error::Conflict { message, .. }) if attempt < 3 => {
+                tracing::info!(table = %cfg.table, %message, attempt, "another commit came before the compaction's; rebasing it");
+                remove_unreferenced(&io, manifests).await;
+                table = catalog.load_table(&cfg.table).await?;
+            }
+            // an unknown outcome keeps its files: the commit may still land (orphans at worst)
+            Err(e @ Error::CommitUnknown { .. }) => return Err(e),
+            Err(e) => {
+                remove_unreferenced(&io, new_paths.into_iter().chain(manifests).collect()).await;
+                return Err(e);
+            }
         }
     }
+    skip("other commits kept coming first".into()).await
+}
+
+/// Why a rewrite planned on `planned_head` must not be committed on `table`'s head, if it must not: the schema or
+/// default spec changed (the files were written in the planned ones), the planned head is not an ancestor of the
+/// head (a rollback, or expired: what happened since is unknown), or a position delete added since may reference a
+/// rewritten file (its rows would come back). Equality deletes added since are fine: they apply to the new files.
+async fn rebase_blocker(r: &Rewritten, planned_head: &iceberg::spec::SnapshotRef, table: &Table) -> Result<Option<String>> {
+    let (meta, planned) = (table.metadata(), r.planned.metadata());
+    if meta.current_schema_id() != planned.current_schema_id() || meta.default_partition_spec_id() != planned.default_partition_spec_id() {
+        return Ok(Some("the target's schema or partition spec changed since it was planned".into()));
+    }
+    let Some(head) = meta.current_snapshot().cloned() else { return Ok(Some("the target has no snapshot any more".into())) };
+    let mut at = Some(head.clone());
+    while let Some(s) = at.filter(|s| s.snapshot_id() != planned_head.snapshot_id()) {
+        at = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
+        if at.is_none() {
+            return Ok(Some("the snapshot it was planned on is no longer an ancestor of the head".into()));
+        }
+    }
+    let now = files::plan(table, &head, 2).await?;
+    let referencing = now.deletes_after.iter().filter(|d| {
+        d.file.content_type() == iceberg::spec::DataContentType::PositionDeletes
+            && !r.planned_deletes.contains(d.path())
+            && r.rewritten.iter().any(|f| files::delete_applies(d, f))
+    });
+    Ok(referencing.map(|d| d.path().to_string()).next().map(|p| format!("the position deletes in {p}, added since it was planned, may reference a rewritten file")))
 }
 
 /// Writes a compaction's rows (change rows from the scan, all INSERTs) as data files.
@@ -362,6 +459,78 @@ mod tests {
         assert_eq!(plan(&data, 3, &P), Plan { rewrite: vec![], drop_deletes: vec![0, 1, 2] });
         // a lone small file is never rewritten into itself
         assert_eq!(plan(&[c(0, 10, &[])], 0, &Policy { min_small_files: 2, ..P }), Plan::default());
+    }
+
+    /// The quickstart's table (equality deletes for every update and delete) with `commits` more, and its catalog
+    /// and a target configuration naming it.
+    async fn table_with_deletes(dir: &std::path::Path, commits: i64) -> (Catalog, TargetConfig, Table) {
+        let cfg: TargetConfig = toml::from_str(&format!(
+            "table = \"{}\"\n[catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
+            crate::quickstart::TABLE,
+            dir.join("warehouse").display()
+        ))
+        .unwrap();
+        let catalog = Catalog::connect(&cfg.catalog, "target").await.unwrap();
+        let mut t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        for i in 0..commits {
+            t = crate::quickstart::commit_changes(&catalog, &t, &[(10 + i, "new", 100), (1 + i % 3, "upd", i as i128)], &[10 + i - 1]).await.unwrap();
+        }
+        (catalog, cfg, t)
+    }
+
+    fn total(t: &Table, key: &str) -> u64 {
+        t.metadata().current_snapshot().unwrap().summary().additional_properties[key].parse().unwrap()
+    }
+
+    /// A rewrite planned on one head and committed after more commits (updates and deletes of rewritten rows,
+    /// inserts) keeps every row as iceberg-rust's own scan reads it: the new files keep the planned head's data
+    /// sequence number, so the later equality deletes still apply to them. A second rewrite of the same files,
+    /// planned on the same head, is then skipped and its files removed.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_rewrite_rebased_over_later_commits_keeps_every_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, cfg, t) = table_with_deletes(dir.path(), 6).await;
+        let policy = Policy::thorough(&cfg);
+        let r = rewrite(&cfg, &t, &policy, 64 << 20).await.unwrap().expect("due");
+        let twin = rewrite(&cfg, &t, &policy, 64 << 20).await.unwrap().expect("due");
+        let twin_files: Vec<String> = twin.written.iter().map(|f| f.file_path().to_string()).collect();
+        let mut later = t.clone();
+        for i in 0..3i64 {
+            later = crate::quickstart::commit_changes(&catalog, &later, &[(1 + i, "later", 7), (50 + i, "later", 7)], &[2 + i * 3]).await.unwrap();
+        }
+        let before = crate::quickstart::rows(&later).await.unwrap();
+        let (after, done) = commit(&catalog, &cfg, r, later.clone()).await.unwrap().expect("rebased and committed");
+        assert!(done.data_files_rewritten >= 7 && done.delete_files_removed >= 7, "{done:?}");
+        let head = after.metadata().current_snapshot().unwrap();
+        assert_eq!(head.summary().operation, iceberg::spec::Operation::Replace);
+        assert_eq!(head.parent_snapshot_id(), later.metadata().current_snapshot_id(), "committed on the newest head");
+        assert_eq!(crate::quickstart::rows(&after).await.unwrap(), before, "the rows a reader sees are unchanged");
+        assert!(total(&after, "total-delete-files") <= 3, "only the later commits' delete files stay: {:?}", head.summary());
+
+        assert!(commit(&catalog, &cfg, twin, after.clone()).await.unwrap().is_none(), "its files are no longer live");
+        assert!(twin_files.iter().all(|f| !std::path::Path::new(f.trim_start_matches("file:")).exists()), "a skipped rewrite leaves no file");
+        assert_eq!(catalog.load_table(&cfg.table).await.unwrap().metadata().current_snapshot_id(), after.metadata().current_snapshot_id());
+    }
+
+    /// A position delete committed after the plan that points into a rewritten file blocks the rebase: committing
+    /// the rewrite would bring the deleted row back.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_later_position_delete_into_a_rewritten_file_blocks_the_rebase() {
+        let dir = tempfile::tempdir().unwrap();
+        let (catalog, cfg, t) = table_with_deletes(dir.path(), 4).await;
+        let r = rewrite(&cfg, &t, &Policy::thorough(&cfg), 64 << 20).await.unwrap().expect("due");
+        let victim = r.rewritten[0].path().to_string();
+        let path = format!("{}/data/later-pos-deletes.parquet", t.metadata().location());
+        let partition = crate::sink::iceberg::deletes::Partition { spec_id: 0, value: iceberg::spec::Struct::empty() };
+        let positions = std::collections::BTreeMap::from([(victim, roaring::RoaringTreemap::from_iter([0u64]))]);
+        let pd = crate::sink::iceberg::deletes::write_position_delete_file(t.file_io(), &path, &partition, &positions).await.unwrap();
+        let c = RowDelta::new().add_delete_files([pd]).prepare(&t).await.unwrap();
+        let later = catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+        let before = crate::quickstart::rows(&later).await.unwrap();
+        assert!(commit(&catalog, &cfg, r, later.clone()).await.unwrap().is_none());
+        let now = catalog.load_table(&cfg.table).await.unwrap();
+        assert_eq!(now.metadata().current_snapshot_id(), later.metadata().current_snapshot_id(), "nothing committed");
+        assert_eq!(crate::quickstart::rows(&now).await.unwrap(), before);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct RowDelta {
     merge_manifests: bool,
     /// A manifest rewrite: no files, every small manifest merged, a `replace` snapshot.
     rewrite: bool,
+    /// The data sequence number of the data files added (`None`: the new snapshot's): a compaction's files keep the
+    /// one of the snapshot it read, so that deletes committed since still apply to them.
+    data_sequence_number: Option<i64>,
     /// Live files (data or deletes) of the parent this snapshot removes: a compaction, a `replace` snapshot.
     remove: std::collections::HashSet<String>,
     /// Data files whose deletion vectors (and position-delete files that reference them alone) this snapshot
@@ -70,6 +73,13 @@ impl RowDelta {
     /// Adds data files.
     pub fn add_data_files(mut self, files: impl IntoIterator<Item = DataFile>) -> Self {
         self.data.extend(files);
+        self
+    }
+    /// Gives the data files added the data sequence number `seq` instead of the new snapshot's (Iceberg Java's
+    /// `RewriteFiles.dataSequenceNumber`): at most the parent's, so that deletes up to `seq` do not apply to them and
+    /// later ones do.
+    pub fn data_sequence_number(mut self, seq: i64) -> Self {
+        self.data_sequence_number = Some(seq);
         self
     }
     /// Adds delete files in the table's default spec.
@@ -161,6 +171,10 @@ impl RowDelta {
             None => (meta.current_schema().clone(), meta.current_schema_id()),
         };
 
+        if self.data_sequence_number.is_some_and(|s| s < 0 || s >= seq) {
+            return Err(Error::Internal(format!("a data sequence number must be below the new snapshot's ({seq})")));
+        }
+        let data_seq = self.data_sequence_number.unwrap_or(seq);
         let mut manifests: Vec<ManifestFile> = match parent {
             Some(p) => table.manifest_list_reader(p).load().await?.consume_entries().into_iter().collect(),
             None => Vec::new(),
@@ -206,6 +220,7 @@ impl RowDelta {
             let (mut w, spec) = merge::manifest_writer(table, &schema, snapshot_id, content, spec_id, &path)?;
             for f in files {
                 collector.add_file(f, schema.clone(), spec.clone());
+                let seq = if content == ManifestContentType::Data { data_seq } else { seq };
                 w.add_file(f.clone(), seq)?;
             }
             // New manifests first: readers find this snapshot's files without scanning old ones.
