@@ -237,8 +237,9 @@ pub struct TargetConfig<C = CatalogConfig> {
     /// ... or once it holds this many data files smaller than three quarters of `target_file_size`.
     #[serde(default = "default_compact_files")]
     pub compact_small_files: usize,
-    /// Data bytes one compaction after a commit rewrites at most (it delays the next commit by its duration); `cdc
-    /// maintain` has no such bound.
+    /// Data bytes one compaction rewrites at most (in a `cdc sync` and on position-delete targets it delays the next
+    /// commit by its duration; the service compacts equality-delete targets in the background); `cdc maintain` has
+    /// no such bound.
     #[serde(default = "default_compact_max_bytes", deserialize_with = "de_bytes")]
     pub compact_max_bytes: u64,
     /// The service (and a long `cdc sync`) sweeps the target for orphan files this often, after a commit: files no

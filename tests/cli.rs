@@ -1072,6 +1072,72 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
 }
 
+/// Compaction in the background while the source keeps committing: 40 source commits 30 ms apart (updates of
+/// the same keys, inserts, deletes) followed at a 100 ms poll with compaction thresholds of 3. The compactions run
+/// beside the applier and land between its commits (the rebase itself is unit-tested in `compact`); none fails, /metrics
+/// counts them, the delete files settle low once the source stops, every applier commit records progress further
+/// than the one before (nothing applied twice), no `replace` snapshot records any, and the target equals the source.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_compacts_in_the_background_while_the_source_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, table, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("replica");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")])
+        .replace("poll_interval = \"200ms\"", "poll_interval = \"100ms\"")
+        .replace("table = \"replica.orders\"\n", "table = \"replica.orders\"\ncompact_delete_files = 3\ncompact_small_files = 3\n");
+    std::fs::write(&cfg, toml).unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 30).await, "{}", log());
+    let mut t = table.clone();
+    for i in 0..40i64 {
+        let deletes: Vec<i64> = if i % 2 == 1 { vec![1000 + i - 1] } else { vec![] };
+        t = quickstart::commit_changes(&catalog, &t, &[(1000 + i, "new", i as i128), (1 + i % 8, "moved", i as i128)], &deletes).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    }
+    assert!(wait_caught_up(&tw, "replica.orders", &catalog, 60).await, "{}", log());
+    let tcat =
+        Catalog::connect(&Config::load(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""))).unwrap().target.unwrap().catalog, "t")
+            .await
+            .unwrap();
+    let mut deletes = u64::MAX;
+    for _ in 0..50 {
+        let target = tcat.load_table("replica.orders").await.unwrap();
+        deletes = target.metadata().current_snapshot().unwrap().summary().additional_properties["total-delete-files"].parse().unwrap();
+        if deletes < 4 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(deletes < 4, "{deletes} delete files live once the source stopped: {}", log());
+    let orders = "pipeline=\"orders\",sink=\"iceberg:replica.orders\",task=\"compact\"";
+    let m = http_get(port, "/metrics").1;
+    assert!(metric(&m, "cdc_maintenance_runs_total", orders).unwrap_or(0.0) >= 3.0, "{m}");
+    assert_eq!(metric(&m, "cdc_maintenance_failures_total", orders).unwrap_or(0.0), 0.0, "{m}");
+    assert!(log().contains("compacted the target in the background"), "{}", log());
+
+    let target = tcat.load_table("replica.orders").await.unwrap();
+    let source_seq: std::collections::HashMap<i64, i64> = t.metadata().snapshots().map(|s| (s.snapshot_id(), s.sequence_number())).collect();
+    let mut last = 0;
+    for s in iceberg_cdc::spec::lineage::main_lineage(target.metadata()) {
+        let at = s.summary().additional_properties.get("cdc.source-snapshot-id").map(|v| source_seq[&v.parse::<i64>().unwrap()]);
+        match (s.summary().operation.clone(), at) {
+            (iceberg::spec::Operation::Replace, at) => assert_eq!(at, None, "a compaction records no progress"),
+            (_, Some(seq)) => {
+                assert!(seq > last, "progress went from source sequence {last} to {seq}: a range applied twice");
+                last = seq;
+            }
+            (op, None) => panic!("an applier commit ({op:?}) without progress"),
+        }
+    }
+    assert_target_equals_source(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, "")), &t, "replica.orders").await;
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}
+
 /// The service end to end: READY and WATCHDOG notifications, the target following source commits, lag 0 and row
 /// counts in /metrics, a pipeline whose table is missing failing alone (/readyz), SIGHUP adding a pipeline, SIGTERM
 /// giving STOPPING and exit 0.

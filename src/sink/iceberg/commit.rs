@@ -12,6 +12,11 @@
 //! writer's progress) and it is done; and files are removed only when no attempt can land any more — refused, or
 //! its required head gone. Otherwise they stay (orphans at worst); deleting files a commit is about to reference
 //! would corrupt the target.
+//!
+//! After a commit, maintenance when due: expiry, the orphan sweep, and compaction — between commits for a one-shot
+//! sync and position-delete targets, in the background for the service's equality-delete targets. Every commit this
+//! sink makes, the applier's and the background compaction's, goes through one gate, so the two never race: the
+//! compaction commits between applier commits, and the applier's next commit builds on the table it left.
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -442,7 +447,7 @@ impl IcebergSink {
                 let Some((after, c)) = compact::commit(&catalog, &cfg, rewritten, now).await? else { return Ok(None) };
                 let mark = compact::Mark::of(&after);
                 *gate = Some(after);
-                Ok((mark, c)).map(Some)
+                Ok(Some((mark, c)))
             }
             .await;
             let seconds = started.elapsed().as_secs_f64();

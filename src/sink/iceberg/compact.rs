@@ -307,7 +307,8 @@ pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, 
 /// removed files must all still be live. A conflict reloads and tries again (3 attempts); a rewrite that cannot be
 /// committed is skipped and its files removed. Returns the table after the commit and what it did.
 pub(crate) async fn commit(catalog: &Catalog, cfg: &TargetConfig, r: Rewritten, mut table: Table) -> Result<Option<(Table, Compacted)>> {
-    let planned_head = r.planned.metadata().current_snapshot().cloned().ok_or_else(|| Error::Internal("a compaction planned on an empty table".into()))?;
+    let planned_head =
+        r.planned.metadata().current_snapshot().cloned().ok_or_else(|| Error::Internal("a compaction planned on an empty table".into()))?;
     let new_paths: Vec<String> = r.written.iter().map(|f| f.file_path().to_string()).collect();
     let removed: Vec<String> = r.rewritten.iter().map(|f| f.path().to_string()).chain(r.dropped.iter().cloned()).collect();
     let io = r.planned.file_io().clone();
@@ -342,7 +343,13 @@ pub(crate) async fn commit(catalog: &Catalog, cfg: &TargetConfig, r: Rewritten, 
         };
         let manifests = prepared.metadata_files.clone();
         match catalog.commit(&table, prepared.requirements, prepared.updates).await {
-            Ok(after) => return Ok(Some((after, r.out))),
+            Ok(after) => {
+                let since = commits_since(table.metadata(), planned_head.snapshot_id()).unwrap_or_default();
+                if since > 0 {
+                    tracing::info!(table = %cfg.table, commits = since, "the compaction was rebased on the commits that landed since its plan");
+                }
+                return Ok(Some((after, r.out)));
+            }
             Err(Error::Conflict { message, .. }) if attempt < 3 => {
                 tracing::info!(table = %cfg.table, %message, attempt, "another commit came before the compaction's; rebasing it");
                 remove_unreferenced(&io, manifests).await;
@@ -369,12 +376,8 @@ async fn rebase_blocker(r: &Rewritten, planned_head: &iceberg::spec::SnapshotRef
         return Ok(Some("the target's schema or partition spec changed since it was planned".into()));
     }
     let Some(head) = meta.current_snapshot().cloned() else { return Ok(Some("the target has no snapshot any more".into())) };
-    let mut at = Some(head.clone());
-    while let Some(s) = at.filter(|s| s.snapshot_id() != planned_head.snapshot_id()) {
-        at = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p).cloned());
-        if at.is_none() {
-            return Ok(Some("the snapshot it was planned on is no longer an ancestor of the head".into()));
-        }
+    if commits_since(meta, planned_head.snapshot_id()).is_none() {
+        return Ok(Some("the snapshot it was planned on is no longer an ancestor of the head".into()));
     }
     let now = files::plan(table, &head, 2).await?;
     let referencing = now.deletes_after.iter().filter(|d| {
@@ -382,7 +385,22 @@ async fn rebase_blocker(r: &Rewritten, planned_head: &iceberg::spec::SnapshotRef
             && !r.planned_deletes.contains(d.path())
             && r.rewritten.iter().any(|f| files::delete_applies(d, f))
     });
-    Ok(referencing.map(|d| d.path().to_string()).next().map(|p| format!("the position deletes in {p}, added since it was planned, may reference a rewritten file")))
+    Ok(referencing
+        .map(|d| d.path().to_string())
+        .next()
+        .map(|p| format!("the position deletes in {p}, added since it was planned, may reference a rewritten file")))
+}
+
+/// How many commits of the main branch came after snapshot `planned` (`None`: it is not an ancestor of the head, or
+/// the chain between them was expired).
+fn commits_since(meta: &iceberg::spec::TableMetadata, planned: i64) -> Option<usize> {
+    let mut at = meta.current_snapshot()?.clone();
+    let mut n = 0;
+    while at.snapshot_id() != planned {
+        at = meta.snapshot_by_id(at.parent_snapshot_id()?)?.clone();
+        n += 1;
+    }
+    Some(n)
 }
 
 /// Writes a compaction's rows (change rows from the scan, all INSERTs) as data files.
