@@ -37,6 +37,10 @@ enum Cmd {
         /// Kubernetes StatefulSet pod: `--shard "${HOSTNAME##*-}/3"`.
         #[arg(long)]
         shard: Option<String>,
+        /// `host:port` of `/metrics`, `/healthz`, `/readyz` (overrides `service.metrics_address`; `off` disables
+        /// them): instances of one file on one host need their own.
+        #[arg(long)]
+        metrics_address: Option<String>,
     },
     /// Validate a service file and reach every catalog and table; one line per pipeline.
     Check {
@@ -359,10 +363,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Quickstart { dir, changes_only } => {
             iceberg_cdc::quickstart::run(&dir, changes_only).await?;
         }
-        Cmd::Run { config, shard } => {
+        Cmd::Run { config, shard, metrics_address } => {
             let shard =
                 shard.as_deref().map(iceberg_cdc::service::Shard::parse).transpose().map_err(|e| Error::Config(vec![format!("--shard: {e}")]))?;
-            iceberg_cdc::service::run(&config, shard, None).await?;
+            iceberg_cdc::service::run(&config, iceberg_cdc::service::Overrides { shard, metrics_address }, None).await?;
         }
         Cmd::Check { config } => {
             if !iceberg_cdc::service::check(&config).await? {

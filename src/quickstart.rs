@@ -120,7 +120,7 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let service = tokio::spawn({
         let path = service_path.clone();
-        async move { crate::service::run(&path, None, Some(stop_rx)).await }
+        async move { crate::service::run(&path, Default::default(), Some(stop_rx)).await }
     });
     let result = follow(&catalog, table).await;
     let _ = stop.send(true);

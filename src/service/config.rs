@@ -28,6 +28,65 @@ pub struct ServiceConfig {
     pub catalogs: BTreeMap<String, CatalogConfig>,
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
+    /// Services started with this file share its pipelines through a Kafka consumer group (see [`ClusterConfig`]).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: every service started with the same file joins one Kafka consumer group; each pipeline maps to a
+/// partition of a control topic by the fixed hash of its name ([`partition_of`]), and the group's assignment decides
+/// which instance runs it. Correctness never depends on it: two instances that briefly run one pipeline stay exact
+/// through the catalog's commit requirements.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The Kafka brokers, `host:port[,host:port]`.
+    pub bootstrap_servers: String,
+    /// The consumer group's id: one per set of instances sharing a file.
+    pub group: String,
+    /// The control topic (no message is ever written to it; its partitions are what the group assigns). Default:
+    /// `<group>.pipelines`.
+    pub topic: Option<String>,
+    /// Partitions of the control topic when it is created (more than the instances you will run; an existing topic
+    /// keeps its own count, which every instance then uses).
+    #[serde(default = "default_cluster_partitions")]
+    pub partitions: i32,
+    /// An instance not heard from for this long loses its pipelines to the others (Kafka's `session.timeout.ms`;
+    /// brokers accept 6 s to 30 min by default).
+    #[serde(default = "default_session_timeout", with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// librdkafka properties for the group's clients (TLS, SASL, `group.protocol`...).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl ClusterConfig {
+    /// The control topic's name.
+    pub fn topic(&self) -> String {
+        self.topic.clone().unwrap_or_else(|| format!("{}.pipelines", self.group))
+    }
+}
+
+fn default_cluster_partitions() -> i32 {
+    64
+}
+fn default_session_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The control-topic partition of `pipeline` among `partitions`: its name's FNV-1a hash (see [`Shard`]) modulo the
+/// count.
+pub fn partition_of(pipeline: &str, partitions: i32) -> i32 {
+    (stable_hash(pipeline) % partitions.max(1) as u64) as i32
+}
+
+/// FNV-1a 64-bit: fixed on every machine and version (Rust's own hasher is randomized).
+fn stable_hash(name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -86,12 +145,7 @@ impl Shard {
 
     /// Whether this instance runs `pipeline`.
     pub fn owns(&self, pipeline: &str) -> bool {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in pipeline.as_bytes() {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h % self.count == self.index
+        stable_hash(pipeline) % self.count == self.index
     }
 }
 
@@ -209,6 +263,23 @@ impl ServiceConfig {
         if let Some(w) = self.service.workers.filter(|w| !(1..=256).contains(w)) {
             p.push(format!("service.workers: {w} — between 1 and 256 runs at once"));
         }
+        if let Some(c) = &self.cluster {
+            if c.bootstrap_servers.trim().is_empty() {
+                p.push("cluster.bootstrap_servers: give the Kafka brokers, host:port".into());
+            }
+            if c.group.trim().is_empty() {
+                p.push("cluster.group: give the consumer group every instance of this file joins".into());
+            }
+            if !(1..=10_000).contains(&c.partitions) {
+                p.push(format!("cluster.partitions: {} — between 1 and 10000 (more than the instances you will run)", c.partitions));
+            }
+            if c.session_timeout < Duration::from_secs(1) {
+                p.push("cluster.session_timeout: at least 1s (brokers refuse less than 6s by default)".into());
+            }
+            if self.service.shard.is_some() {
+                p.push("service.shard and [cluster] both split the pipelines: keep one".into());
+            }
+        }
         for (name, c) in &self.catalogs {
             c.validate(&format!("catalogs.{name}"), &mut p);
         }
@@ -310,6 +381,7 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
     unknown_in("", Some(value), keys_of::<ServiceConfig>(), &mut out);
     unknown_in("service", value.get("service"), keys_of::<ServiceSettings>(), &mut out);
     unknown_in("engine", value.get("engine"), keys_of::<EngineConfig>(), &mut out);
+    unknown_in("cluster", value.get("cluster"), keys_of::<ClusterConfig>(), &mut out);
     let iceberg_keys: Vec<&str> = keys_of::<TargetConfig<String>>().iter().copied().chain(["type"]).collect();
     let kafka_keys: Vec<&str> = keys_of::<KafkaConfig>().iter().copied().chain(["type"]).collect();
     for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {

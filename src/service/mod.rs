@@ -29,6 +29,7 @@
 //! systemd (`Type=notify`): `READY=1` once the configuration is valid and every catalog was tried; `WATCHDOG=1` at
 //! half of `WatchdogSec` only while no loop is overdue; `STATUS=` with a one-line lag summary; `STOPPING=1` on
 //! shutdown.
+mod cluster;
 pub(crate) mod config;
 mod http;
 pub(crate) mod telemetry;
@@ -63,9 +64,25 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+/// What `cdc run`'s command line overrides of the service file, so that every instance of a set can share one file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--shard i/N` (wins over `service.shard`).
+    pub shard: Option<Shard>,
+    /// `--metrics-address` (wins over `service.metrics_address`): instances on one host need their own.
+    pub metrics_address: Option<String>,
+}
+
 /// Runs the service until SIGTERM/SIGINT (or `external_stop`, for embedding it, e.g. the quickstart).
-pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<watch::Receiver<bool>>) -> Result<()> {
-    let cfg = ServiceConfig::load(path)?;
+pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch::Receiver<bool>>) -> Result<()> {
+    let cli_shard = overrides.shard;
+    let mut cfg = ServiceConfig::load(path)?;
+    if let Some(a) = overrides.metrics_address {
+        if a != "off" && a.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Error::Config(vec![format!("--metrics-address: `{a}` is not host:port (or \"off\")")]));
+        }
+        cfg.service.metrics_address = a;
+    }
     // the command line's shard wins over the file's (one file for every instance of a set)
     let shard = cli_shard.or(cfg.shard());
     let telemetry = Telemetry::new();
@@ -81,14 +98,22 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
         }
     }
     let limits = Limits { polls: Arc::new(Semaphore::new(POLLS_AT_ONCE)), work: Arc::new(Semaphore::new(settings.workers())) };
+    let mut ownership = match (&cfg.cluster, cli_shard) {
+        (Some(_), Some(_)) => return Err(Error::Config(vec!["--shard and [cluster] both split the pipelines: keep one".into()])),
+        (Some(c), None) => Ownership::Cluster(cluster::Membership::join(c, settings.shutdown_timeout).await?),
+        (None, _) => Ownership::Shard(shard),
+    };
     let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
-    for r in cfg.owned_runs(shard) {
+    for r in ownership.runs(&cfg) {
         start(&mut running, r, &telemetry, &limits);
     }
     let started = running.len();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let owned = running.keys().map(|(pipeline, _)| pipeline).collect::<std::collections::BTreeSet<_>>().len();
-    let shard_label = shard.map(|s| s.to_string()).unwrap_or_else(|| "all".into());
+    let shard_label = match &ownership {
+        Ownership::Cluster(_) => "cluster".into(),
+        Ownership::Shard(shard) => shard.map(|s| s.to_string()).unwrap_or_else(|| "all".into()),
+    };
     tracing::info!(pipelines = owned, loops = running.len(), started, configured = cfg.pipelines.len(), shard = %shard_label, workers = settings.workers(), config = %path.display(), "cdc service ready");
     // loops behind their schedule at the last tick, and why
     let mut overdue = BTreeMap::new();
@@ -102,8 +127,16 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut external = external_stop;
     let mut settings = settings;
+    let mut current = cfg;
     loop {
         tokio::select! {
+            owned = ownership.changed() => {
+                reload(&mut running, ownership.runs(&current), &telemetry, &limits).await;
+                if let Ownership::Cluster(m) = &ownership {
+                    m.applied(owned.change);
+                }
+                telemetry.assignment_applied(owned.partitions.len(), running.len());
+            }
             _ = tick.tick() => {
                 let statuses = telemetry.statuses();
                 telemetry.schedule_checked(&statuses, settings.stall_timeout, &mut overdue);
@@ -127,10 +160,18 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
             _ = hup.recv() => {
                 match ServiceConfig::load(path) {
                     Err(e) => tracing::error!(error = %e, "reload refused; the running configuration stays"),
-                    Ok(new) => {
+                    Ok(mut new) => {
                         settings = new.service.clone();
-                        let shard = cli_shard.or(new.shard());
-                        reload(&mut running, new.owned_runs(shard), &telemetry, &limits).await;
+                        match &mut ownership {
+                            Ownership::Shard(s) => *s = cli_shard.or(new.shard()),
+                            Ownership::Cluster(_) if new.cluster != current.cluster => {
+                                tracing::warn!("[cluster] changes take effect when the service restarts; the group it joined stays");
+                                new.cluster = current.cluster.clone();
+                            }
+                            Ownership::Cluster(_) => {}
+                        }
+                        current = new;
+                        reload(&mut running, ownership.runs(&current), &telemetry, &limits).await;
                         tracing::info!(loops = running.len(), "configuration reloaded");
                     }
                 }
@@ -154,7 +195,35 @@ pub async fn run(path: &Path, cli_shard: Option<Shard>, external_stop: Option<wa
         }
         telemetry.removed(&RunLabels { pipeline: k.0, sink: k.1 });
     }
+    // leave the cluster's group last: the other instances take the pipelines once their loops here have stopped
+    drop(ownership);
     Ok(())
+}
+
+/// Which of the file's pipelines this instance runs.
+enum Ownership {
+    /// A static share (`--shard i/N` or `service.shard`), or every pipeline.
+    Shard(Option<Shard>),
+    /// The share the cluster's Kafka group assigns (`[cluster]`).
+    Cluster(cluster::Membership),
+}
+
+impl Ownership {
+    /// The runs of `cfg` this instance owns now.
+    fn runs(&self, cfg: &ServiceConfig) -> Vec<Run> {
+        match self {
+            Ownership::Shard(shard) => cfg.owned_runs(*shard),
+            Ownership::Cluster(m) => cfg.runs().into_iter().filter(|r| m.owns(&r.pipeline)).collect(),
+        }
+    }
+
+    /// The owned set once the group changes it; never, for a static share.
+    async fn changed(&mut self) -> cluster::Owned {
+        match self {
+            Ownership::Cluster(m) => m.changed().await,
+            Ownership::Shard(_) => std::future::pending().await,
+        }
+    }
 }
 
 fn signal(kind: tokio::signal::unix::SignalKind) -> Result<tokio::signal::unix::Signal> {

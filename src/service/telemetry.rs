@@ -131,6 +131,9 @@ pub struct Telemetry {
     overdue: Family<RunLabels, Gauge>,
     configured: Gauge,
     running: Gauge,
+    owned: Family<RunLabels, Gauge>,
+    cluster_partitions: Gauge,
+    cluster_changes: Counter,
     maintenance_runs: Family<TaskLabels, Counter>,
     maintenance_seconds: Family<TaskLabels, Counter<f64, AtomicU64>>,
     maintenance_failures: Family<TaskLabels, Counter>,
@@ -168,6 +171,9 @@ impl Telemetry {
             overdue: Family::default(),
             configured: Gauge::default(),
             running: Gauge::default(),
+            owned: Family::default(),
+            cluster_partitions: Gauge::default(),
+            cluster_changes: Counter::default(),
             maintenance_runs: Family::default(),
             maintenance_seconds: Family::default(),
             maintenance_failures: Family::default(),
@@ -222,6 +228,17 @@ impl Telemetry {
         registry.register("cdc_pipelines_configured", "Pipeline sinks in the configuration", t.configured.clone());
         registry.register("cdc_pipelines_running", "Pipeline sinks whose loop is running", t.running.clone());
         registry.register(
+            "cdc_pipeline_owned",
+            "1 for each pipeline sink this instance runs (its shard's or its cluster assignment's)",
+            t.owned.clone(),
+        );
+        registry.register(
+            "cdc_cluster_partitions_owned",
+            "Control-topic partitions the cluster's group assigns this instance",
+            t.cluster_partitions.clone(),
+        );
+        registry.register("cdc_cluster_assignment_changes", "Changes of this instance's cluster assignment", t.cluster_changes.clone());
+        registry.register(
             "cdc_maintenance_runs",
             "Maintenance runs that changed the target, by task (expire, merge_manifests, compact, remove_orphans)",
             t.maintenance_runs.clone(),
@@ -265,6 +282,7 @@ impl Telemetry {
     /// A loop being started again after its thread could not start keeps its first registration time, so that it
     /// turns overdue.
     pub fn registered(&self, l: &RunLabels) {
+        self.owned.get_or_create(l).set(1);
         self.with_status(l, |s| {
             if s.started {
                 *s = RunStatus::new(Instant::now());
@@ -292,6 +310,14 @@ impl Telemetry {
         self.count_loops();
         self.healthy.remove(l);
         self.overdue.remove(l);
+        self.owned.remove(l);
+    }
+
+    /// Event: the cluster's group changed this instance's assignment, and its loops now follow it.
+    pub fn assignment_applied(&self, partitions: usize, loops: usize) {
+        tracing::info!(partitions, loops, "cluster assignment applied");
+        self.cluster_partitions.set(partitions as i64);
+        self.cluster_changes.inc();
     }
 
     /// Event: a poll began.

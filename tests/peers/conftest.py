@@ -40,6 +40,20 @@ def script_peer(script, state, what, env=None):
         subprocess.run(["bash", path, "stop", state])
 
 
+KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka.sh")
+
+
+@pytest.fixture(scope="session")
+def kafka(warehouse):
+    """Apache Kafka 4.1 in KRaft mode (scripts/kafka.sh): its bootstrap servers and state directory."""
+    state = os.path.join(warehouse, "kafka")
+    p = subprocess.run(["bash", KAFKA_SCRIPT, "start", state], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"Kafka did not start: {p.stderr}")
+    yield {"bootstrap": p.stdout.strip(), "state": state}
+    subprocess.run(["bash", KAFKA_SCRIPT, "stop", state])
+
+
 @pytest.fixture(scope="session")
 def rest_catalog(warehouse):
     """The Iceberg REST catalog server, started by scripts/rest-catalog.sh on a free 127.0.0.1 port."""

@@ -10,24 +10,10 @@ import time
 import uuid
 from collections import Counter, defaultdict
 
-import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import CDC, ROOT, cdc_changes, free_port, run_cdc, wait_until, write_config
+from conftest import CDC, KAFKA_SCRIPT, ROOT, cdc_changes, free_port, run_cdc, wait_until, write_config
 from spark_workloads import CAT
-
-KAFKA_SCRIPT = os.path.join(ROOT, "scripts", "kafka.sh")
-
-
-@pytest.fixture(scope="session")
-def kafka(warehouse):
-    state = os.path.join(warehouse, "kafka")
-    p = subprocess.run(["bash", KAFKA_SCRIPT, "start", state], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"Kafka did not start: {p.stderr}")
-    yield {"bootstrap": p.stdout.strip(), "state": state}
-    subprocess.run(["bash", KAFKA_SCRIPT, "stop", state])
-
 
 def consume(bootstrap, topic, expect=None, idle=8.0, limit=180.0):
     """Every committed message of `topic` (read_committed), in partition order: (partition, key, value, headers)."""

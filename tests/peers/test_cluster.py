@@ -1,0 +1,162 @@
+"""`[cluster]`: services started with one file share its pipelines through a consumer group on a real Apache Kafka 4.1
+broker (scripts/kafka.sh), while Apache Spark keeps committing to the sources.
+
+Three services share 30 pipelines (3 Spark sources, 30 hadoop targets); one is killed with SIGKILL and its pipelines
+resume on the other two within the group's session timeout plus a poll; a fourth joins and takes a share; a pipeline
+added to the file (SIGHUP to every instance) runs on exactly one of them. At every step each pipeline has exactly
+one owner (from each instance's `cdc_pipeline_owned` in /metrics). At the end every target read by Spark equals its
+source, and every target's recorded progress only ever moved forward (nothing applied twice)."""
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+
+from conftest import CDC, free_port, wait_until
+from spark_workloads import CAT
+
+SOURCES = ["cl_a", "cl_b", "cl_c"]
+SESSION_TIMEOUT_S = 6
+
+
+def owned(port):
+    """The pipelines an instance runs, from its /metrics (None when it does not answer)."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    return {line.split('pipeline="')[1].split('"')[0] for line in body.splitlines()
+            if line.startswith("cdc_pipeline_owned{") and line.rsplit(" ", 1)[1] == "1"}
+
+
+def split(ports, pipelines):
+    """Each instance's pipelines when every pipeline has exactly one owner among `ports` and each owns some; else None."""
+    shares = [owned(p) for p in ports]
+    if any(s is None or not s for s in shares):
+        return None
+    union = set().union(*shares)
+    if union != set(pipelines) or sum(len(s) for s in shares) != len(pipelines):
+        return None
+    return shares
+
+
+def service_file(path, warehouse, replica, kafka, group, pipelines):
+    text = (f'[service]\npoll_interval = "1s"\nshutdown_timeout = "20s"\n\n'
+            f'[cluster]\nbootstrap_servers = "{kafka["bootstrap"]}"\ngroup = "{group}"\npartitions = 32\n'
+            f'session_timeout = "{SESSION_TIMEOUT_S}s"\n\n'
+            f'[catalogs.lake]\ntype = "hadoop"\nwarehouse = "{warehouse}"\n\n'
+            f'[catalogs.replica]\ntype = "hadoop"\nwarehouse = "{replica}"\n')
+    for i, name in enumerate(pipelines):
+        text += (f'\n[[pipelines]]\nname = "{name}"\nsource = {{ catalog = "lake", table = "db.{SOURCES[i % 3]}" }}\n\n'
+                 f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "replica"\ntable = "svc.{name}"\n')
+    path.write_text(text)
+
+
+def commit_round(spark, r):
+    for s in SOURCES:
+        t = f"{CAT}.db.{s}"
+        spark.sql(f"INSERT INTO {t} VALUES ({1000 + r}, 'round-{r}'), ({2000 + r}, 'round-{r}')")
+        spark.sql(f"UPDATE {t} SET v = concat(v, '-{r}') WHERE id % 5 = {r % 5}")
+        spark.sql(f"DELETE FROM {t} WHERE id = {r}")
+
+
+def test_services_share_pipelines_through_a_kafka_group(spark, warehouse, kafka, tmp_path):
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CAT}.db")
+    for s in SOURCES:
+        t = f"{CAT}.db.{s}"
+        spark.sql(f"DROP TABLE IF EXISTS {t}")
+        spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING) USING iceberg "
+                  "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
+        spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+        spark.sql(f"INSERT INTO {t} VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(20)))
+    replica = tmp_path / "replica"
+    cfg = tmp_path / "service.toml"
+    pipelines = [f"p{i:02d}" for i in range(30)]
+    group = f"cdc-{uuid.uuid4().hex[:8]}"
+    service_file(cfg, warehouse, replica, kafka, group, pipelines)
+    procs, logs = {}, {}
+
+    def start(name):
+        port = free_port()
+        logs[name] = open(tmp_path / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen([CDC, "run", "--config", str(cfg), "--metrics-address", f"127.0.0.1:{port}"],
+                                        stdout=subprocess.DEVNULL, stderr=logs[name]), port)
+
+    def tails():
+        return "\n".join(f"--- {n}\n" + (tmp_path / f"{n}.log").read_text()[-3000:] for n in procs)
+
+    try:
+        for name in "abc":
+            start(name)
+        assert wait_until(lambda: split([procs[n][1] for n in "abc"], pipelines), 90), tails()
+        shares = split([procs[n][1] for n in "abc"], pipelines)
+        assert all(5 <= len(s) <= 15 for s in shares), f"uneven shares: {[len(s) for s in shares]}"
+        commit_round(spark, 1)
+
+        # SIGKILL: the group gives b's pipelines to a and c once its session times out
+        killed = time.time()
+        procs["b"][0].send_signal(signal.SIGKILL)
+        procs["b"][0].wait()
+        survivors = [procs[n][1] for n in "ac"]
+        assert wait_until(lambda: split(survivors, pipelines), 60), tails()
+        rebalanced = time.time() - killed
+        assert rebalanced < SESSION_TIMEOUT_S + 15, f"took {rebalanced:.1f}s to move the killed instance's pipelines"
+        print(f"pipelines of the killed instance resumed elsewhere after {rebalanced:.1f}s")
+        commit_round(spark, 2)
+
+        # a fourth instance joins and takes a share; the others keep theirs apart from what moves to it
+        start("d")
+        live = [procs[n][1] for n in "acd"]
+        assert wait_until(lambda: split(live, pipelines), 60), tails()
+
+        # a pipeline added to the file reaches exactly one owner
+        pipelines.append("p30")
+        service_file(cfg, warehouse, replica, kafka, group, pipelines)
+        for n in "acd":
+            procs[n][0].send_signal(signal.SIGHUP)
+        assert wait_until(lambda: split(live, pipelines), 60), tails()
+        assert sum("p30" in s for s in split(live, pipelines)) == 1
+        commit_round(spark, 3)
+
+        # every target equals its source (read by Spark), once the writers stopped
+        def target(name):
+            return spark.read.format("iceberg").load(str(replica / "svc" / name))
+
+        def rows(df):
+            return sorted(tuple(r) for r in df.collect())
+
+        sources = {s: rows(spark.table(f"{CAT}.db.{s}")) for s in SOURCES}
+        pending = set(pipelines)
+        deadline = time.time() + 180
+        while pending and time.time() < deadline:
+            for i, name in enumerate(pipelines):
+                if name in pending:
+                    try:
+                        if rows(target(name)) == sources[SOURCES[i % 3]]:
+                            pending.discard(name)
+                    except Exception:  # noqa: BLE001 - not created yet
+                        pass
+            time.sleep(1)
+        assert not pending, f"targets not equal to their sources: {sorted(pending)}\n{tails()}"
+
+        # nothing applied twice: each target's recorded progress only moves forward along its history
+        for name in pipelines:
+            as_source = tmp_path / f"{name}.toml"
+            as_source.write_text(f'[source]\ntable = "svc.{name}"\n[source.catalog]\ntype = "hadoop"\nwarehouse = "{replica}"\n')
+            out = subprocess.run([CDC, "snapshots", "--config", str(as_source), "--json"], capture_output=True, text=True, check=True).stdout
+            seqs = [int(json.loads(l)["summary"]["cdc.source-sequence-number"]) for l in out.splitlines()
+                    if l.strip() and "cdc.source-sequence-number" in json.loads(l)["summary"]]
+            assert seqs and all(a < b for a, b in zip(seqs, seqs[1:])), f"{name}: progress {seqs}"
+    finally:
+        for name, (p, _) in procs.items():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, (p, _) in procs.items():
+            try:
+                p.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            logs[name].close()
+    for name in "acd":
+        assert procs[name][0].returncode == 0, tails()
