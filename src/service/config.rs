@@ -495,4 +495,33 @@ table = "r.items"
         let err = ServiceConfig::parse(&GOOD.replace("format_version = 3", "format_version = 3\nformat = 1\nbogus = 2")).unwrap_err().to_string();
         assert!(err.contains("sinks[0].format`") && err.contains("sinks[0].bogus`"), "{err}");
     }
+
+    #[test]
+    fn a_cluster_section_is_checked_with_the_rest() {
+        let ok = ServiceConfig::parse(&format!("{GOOD}\n[cluster]\nbootstrap_servers = \"k:9092\"\ngroup = \"lake\"\n")).unwrap();
+        let c = ok.cluster.as_ref().unwrap();
+        assert_eq!((c.topic(), c.partitions, c.session_timeout), ("lake.pipelines".to_string(), 64, Duration::from_secs(10)));
+        let bad = format!(
+            "{}\n[cluster]\nbootstrap_servers = \"\"\ngroup = \"\"\npartitions = 0\nsession_timeout = \"10ms\"\n",
+            GOOD.replace("[service]\n", "[service]\nshard = \"0/2\"\n")
+        );
+        let err = ServiceConfig::parse(&bad).unwrap_err().to_string();
+        for needle in ["cluster.bootstrap_servers", "cluster.group", "cluster.partitions", "cluster.session_timeout", "keep one"] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let unknown = format!("{GOOD}\n[cluster]\nbootstrap_servers = \"k:9092\"\ngroup = \"lake\"\nretries = 3\n");
+        assert!(ServiceConfig::parse(&unknown).unwrap_err().to_string().contains("unknown key `cluster.retries`"));
+    }
+
+    #[test]
+    fn pipelines_map_to_partitions_by_a_fixed_hash() {
+        // the same on every instance, machine and version: the group's assignment means the same pipelines everywhere
+        assert_eq!(partition_of("orders", 3), 1, "FNV-1a(\"orders\") % 3, as the static shards");
+        let mut per = vec![0usize; 32];
+        for i in 0..3200 {
+            per[partition_of(&format!("table_{i}"), 32) as usize] += 1;
+        }
+        assert!(per.iter().all(|&n| (50..=150).contains(&n)), "roughly even: {per:?}");
+        assert_eq!(partition_of("anything", 1), 0);
+    }
 }
