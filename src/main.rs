@@ -42,6 +42,18 @@ enum Cmd {
         #[arg(long)]
         metrics_address: Option<String>,
     },
+    /// Every pipeline of a service file with the instance that runs it, its state, lag and last error (asked of the
+    /// running instances: the cluster's group members, or the file's metrics address); exit 9 when any is not ok.
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+        /// The instance to ask without a `[cluster]` (overrides `service.metrics_address`).
+        #[arg(long)]
+        metrics_address: Option<String>,
+        /// One JSON object per pipeline sink instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a service file and reach every catalog and table; one line per pipeline.
     Check {
         #[arg(long)]
@@ -367,6 +379,38 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let shard =
                 shard.as_deref().map(iceberg_cdc::service::Shard::parse).transpose().map_err(|e| Error::Config(vec![format!("--shard: {e}")]))?;
             iceberg_cdc::service::run(&config, iceberg_cdc::service::Overrides { shard, metrics_address }, None).await?;
+        }
+        Cmd::Status { config, metrics_address, json } => {
+            let lines = iceberg_cdc::service::status(&config, metrics_address).await?;
+            if !json {
+                println!("{:<24} {:<32} {:<32} {:<18} {:>9} {:>9}  last error", "pipeline", "sink", "owner", "state", "lag snaps", "lag s");
+            }
+            for l in &lines {
+                if json {
+                    println!("{}", serde_json::to_string(l)?);
+                } else {
+                    let n = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<24} {:<32} {:<32} {:<18} {:>9} {:>9}  {}",
+                        l.pipeline,
+                        l.sink,
+                        n(l.owner.clone()),
+                        l.state,
+                        n(l.lag_snapshots.map(|v| v.to_string())),
+                        n(l.lag_seconds.map(|v| format!("{v:.1}"))),
+                        n(l.last_error.clone())
+                    );
+                }
+            }
+            let bad = lines.iter().filter(|l| l.state != "ok").count();
+            if bad > 0 {
+                return Err(anyhow::Error::new(Error::Catalog {
+                    catalog: "status".into(),
+                    message: format!("{bad} of {} pipeline sinks are not running cleanly (see above)", lines.len()),
+                    retryable: true,
+                    cause: None,
+                }));
+            }
         }
         Cmd::Check { config } => {
             if !iceberg_cdc::service::check(&config).await? {

@@ -1188,10 +1188,26 @@ async fn service_follows_reloads_reports_and_stops() {
     let label = format!("{orders},sink=\"iceberg:replica.orders\",change_type=\"INSERT\"");
     assert_eq!(metric(&m, "cdc_rows_total", &label), Some((copied + inserts) as f64), "{m}");
     assert!(metric(&m, "cdc_errors_total", "pipeline=\"ghost\"").unwrap() >= 1.0, "{m}");
-    let (code, body) = http_get(port, "/readyz");
-    assert_eq!(code, 503, "{body}");
+    let (status, body) = http_get(port, "/readyz");
+    assert_eq!(status, 503, "{body}");
     assert!(body.contains("ghost") && body.contains("not found"), "{body}");
     assert_eq!(http_get(port, "/healthz").0, 200);
+    assert_eq!(metric(&m, "cdc_pipeline_owned", orders), Some(1.0), "{m}");
+
+    // `cdc status` asks the running instance: the good pipeline is ok and caught up, the broken one fails by name
+    let out = cdc(&["status", "--config", cfg.to_str().unwrap(), "--json"]);
+    assert_eq!(code(&out), exit::CATALOG, "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let by = |p: &str| lines.iter().find(|l| l["pipeline"] == p).unwrap().clone();
+    assert_eq!((by("orders")["state"].as_str(), by("orders")["lag_snapshots"].as_u64()), (Some("ok"), Some(0)), "{lines:?}");
+    assert!(by("orders")["owner"].as_str().unwrap().ends_with(&format!("@127.0.0.1:{port}")), "{lines:?}");
+    assert_eq!(by("ghost")["state"], "failing", "{lines:?}");
+    assert!(by("ghost")["last_error"].as_str().unwrap().contains("not found"), "{lines:?}");
+    // asked where no instance runs, every pipeline says so
+    let elsewhere = cdc(&["status", "--config", cfg.to_str().unwrap(), "--metrics-address", &format!("127.0.0.1:{}", free_port())]);
+    assert_eq!(code(&elsewhere), exit::CATALOG);
+    assert_eq!(String::from_utf8_lossy(&elsewhere.stdout).matches("owner unreachable").count(), 2, "{}", String::from_utf8_lossy(&elsewhere.stdout));
 
     // SIGHUP: a new pipeline starts, the broken one is removed
     std::fs::write(

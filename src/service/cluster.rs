@@ -56,7 +56,9 @@ pub(crate) struct Membership {
 impl Membership {
     /// Creates the control topic when missing and joins the group. A revocation waits for the service at most
     /// `revoke_deadline` (its shutdown timeout: what an in-flight commit may take).
-    pub(crate) async fn join(cfg: &ClusterConfig, revoke_deadline: Duration) -> Result<Membership> {
+    /// `metrics_address` (the instance's telemetry address, or `off`) goes into the group member's client id, where
+    /// `cdc status` finds it.
+    pub(crate) async fn join(cfg: &ClusterConfig, revoke_deadline: Duration, metrics_address: &str) -> Result<Membership> {
         let topic = cfg.topic();
         let partitions = ensure_topic(cfg, &topic).await?;
         if partitions != cfg.partitions {
@@ -69,6 +71,7 @@ impl Membership {
         let mut client = client_config(cfg);
         client
             .set("group.id", &cfg.group)
+            .set("client.id", format!("{CLIENT_ID_PREFIX}{metrics_address}"))
             .set("session.timeout.ms", cfg.session_timeout.as_millis().to_string())
             .set("heartbeat.interval.ms", (cfg.session_timeout.as_millis() / 3).max(100).to_string())
             .set("enable.auto.commit", "false")
@@ -129,6 +132,84 @@ impl Drop for Membership {
             let _ = t.join();
         }
     }
+}
+
+/// Group members' client ids are this and their telemetry address.
+const CLIENT_ID_PREFIX: &str = "cdc@";
+
+/// A member of the cluster's group as `cdc status` sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Member {
+    /// Where its `/status` answers (`None`: telemetry off, or not a `cdc` member).
+    pub(crate) address: Option<String>,
+    /// The host the broker sees it connect from.
+    pub(crate) host: String,
+    /// The control-topic partitions assigned to it.
+    pub(crate) partitions: BTreeSet<i32>,
+}
+
+/// The members of `cfg`'s group with their assignments, and the control topic's partition count (what pipelines map
+/// with). Classic-protocol groups only (`group.protocol = "consumer"` groups are not described by this call).
+pub(crate) async fn members(cfg: &ClusterConfig) -> Result<(Vec<Member>, i32)> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || {
+        let topic = cfg.topic();
+        let consumer: BaseConsumer = client_config(&cfg).create().map_err(|e| kafka_error(&cfg, "cannot create a client", e))?;
+        let timeout = Duration::from_secs(15);
+        let metadata =
+            consumer.fetch_metadata(Some(&topic), timeout).map_err(|e| kafka_error(&cfg, "cannot read the control topic's metadata", e))?;
+        let partitions = metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len()) as i32;
+        let groups = consumer.fetch_group_list(Some(&cfg.group), timeout).map_err(|e| kafka_error(&cfg, "cannot describe the group", e))?;
+        let mut out = Vec::new();
+        for g in groups.groups() {
+            for m in g.members() {
+                let host = m.client_host().trim_start_matches('/').to_string();
+                let address = m.client_id().strip_prefix(CLIENT_ID_PREFIX).filter(|a| *a != "off").map(|a| reachable_address(a, &host));
+                let partitions = m.assignment().map(|b| decode_assignment(b, &topic)).unwrap_or_default();
+                out.push(Member { address, host, partitions });
+            }
+        }
+        Ok((out, partitions))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("group description task: {e}")))?
+}
+
+/// A telemetry address bound to every interface (`0.0.0.0:9464`) is reached at the member's host.
+fn reachable_address(address: &str, host: &str) -> String {
+    match address.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => format!("{host}:{}", a.port()),
+        _ => address.to_string(),
+    }
+}
+
+/// The partitions of `topic` in a classic consumer-protocol assignment: `version: i16`, then `[topic: string (i16
+/// length), partitions: [i32]]` (arrays with an i32 count), then user data. A malformed one decodes as far as it goes.
+fn decode_assignment(bytes: &[u8], topic: &str) -> BTreeSet<i32> {
+    let mut out = BTreeSet::new();
+    let mut at = 2usize; // version
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = bytes.get(at..at + n)?;
+        at += n;
+        Some(s)
+    };
+    let i32_of = |b: &[u8]| i32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let _ = (|| -> Option<()> {
+        let topics = i32_of(take(4)?);
+        for _ in 0..topics.max(0) {
+            let len = i16::from_be_bytes(take(2)?.try_into().ok()?).max(0) as usize;
+            let name = std::str::from_utf8(take(len)?).ok()?.to_string();
+            let count = i32_of(take(4)?);
+            for _ in 0..count.max(0) {
+                let p = i32_of(take(4)?);
+                if name == topic {
+                    out.insert(p);
+                }
+            }
+        }
+        Some(())
+    })();
+    out
 }
 
 /// The consumer's context: turns rebalances into changes of the owned set.
@@ -252,4 +333,40 @@ async fn ensure_topic(cfg: &ClusterConfig, topic: &str) -> Result<i32> {
     })
     .await
     .map_err(|e| Error::Internal(format!("control topic metadata task: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(topics: &[(&str, &[i32])]) -> Vec<u8> {
+        let mut b = vec![0u8, 1];
+        b.extend((topics.len() as i32).to_be_bytes());
+        for (t, ps) in topics {
+            b.extend((t.len() as i16).to_be_bytes());
+            b.extend(t.as_bytes());
+            b.extend((ps.len() as i32).to_be_bytes());
+            for p in *ps {
+                b.extend(p.to_be_bytes());
+            }
+        }
+        b.extend((-1i32).to_be_bytes()); // no user data
+        b
+    }
+
+    #[test]
+    fn an_assignment_decodes_to_the_control_topics_partitions() {
+        let b = assignment(&[("other", &[1, 2]), ("lake.pipelines", &[0, 7, 31])]);
+        assert_eq!(decode_assignment(&b, "lake.pipelines"), BTreeSet::from([0, 7, 31]));
+        assert_eq!(decode_assignment(&b, "missing"), BTreeSet::new());
+        // cut short: what was read stays, nothing panics
+        assert_eq!(decode_assignment(&b[..b.len() - 12], "lake.pipelines"), BTreeSet::from([0]));
+        assert_eq!(decode_assignment(&[], "lake.pipelines"), BTreeSet::new());
+    }
+
+    #[test]
+    fn an_address_on_every_interface_is_reached_at_the_members_host() {
+        assert_eq!(reachable_address("0.0.0.0:9464", "10.0.0.5"), "10.0.0.5:9464");
+        assert_eq!(reachable_address("127.0.0.1:9000", "10.0.0.5"), "127.0.0.1:9000");
+    }
 }

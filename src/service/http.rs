@@ -1,4 +1,4 @@
-//! `/metrics`, `/healthz`, `/readyz` on a thread of their own (with a single-threaded runtime), so they answer
+//! `/metrics`, `/healthz`, `/readyz` and `/status` (JSON, what `cdc status` reads) on a thread of their own (with a single-threaded runtime), so they answer
 //! while the pipelines keep the main runtime's workers busy with a large snapshot.
 //!
 //! A deliberately small HTTP/1.1 responder: GET only, one request per connection, bounded request size and time.
@@ -14,7 +14,7 @@ use crate::service::telemetry::Telemetry;
 const MAX_REQUEST: usize = 8 * 1024;
 
 /// Binds `addr` (failing now, not later, when it is taken) and serves on a background thread.
-pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration) -> Result<()> {
+pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration, instance: String) -> Result<()> {
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::Io { path: format!("metrics address {addr}"), message: e.to_string(), retryable: false, cause: None }.with_cause(e))?;
     listener
@@ -28,19 +28,19 @@ pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration) -> Re
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 loop {
                     let Ok((mut sock, _)) = listener.accept().await else { continue };
-                    let t = telemetry.clone();
+                    let (t, instance) = (telemetry.clone(), instance.clone());
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), answer(&mut sock, &t, stall)).await;
+                        let _ = tokio::time::timeout(Duration::from_secs(5), answer(&mut sock, &t, stall, &instance)).await;
                     });
                 }
             });
         })
         .map_err(|e| Error::Internal(format!("cannot start the metrics thread: {e}")))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz, /status");
     Ok(())
 }
 
-async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration) -> std::io::Result<()> {
+async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration, instance: &str) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST {
@@ -88,11 +88,64 @@ async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration
                 ("503 Service Unavailable", "text/plain", failing.join("\n") + "\n")
             }
         }
-        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /healthz or /readyz\n".to_string()),
+        ("GET", "/status") => ("200 OK", "application/json", status_json(t, stall, instance)),
+        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /healthz, /readyz or /status\n".to_string()),
         _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
     sock.write_all(head.as_bytes()).await?;
     sock.write_all(body.as_bytes()).await?;
     sock.shutdown().await
+}
+
+/// One pipeline loop as `/status` shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub(crate) struct LoopStatus {
+    /// The pipeline's name.
+    pub(crate) pipeline: String,
+    /// The sink's label (`iceberg:<table>`, `kafka:<topic>`).
+    pub(crate) sink: String,
+    /// `ok`, `failing`, `stopped` (a permanent error), `not started`, or `overdue: <why>`.
+    pub(crate) state: String,
+    /// The last poll's error, if it failed.
+    pub(crate) last_error: Option<String>,
+    /// Seconds since the oldest source snapshot not yet applied was committed (0: caught up).
+    pub(crate) lag_seconds: f64,
+    /// Source snapshots not yet applied.
+    pub(crate) lag_snapshots: u64,
+}
+
+/// What `/status` answers: the instance and every loop it runs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct InstanceStatus {
+    /// How the instance names itself (host and telemetry address).
+    pub(crate) instance: String,
+    /// Its loops.
+    pub(crate) pipelines: Vec<LoopStatus>,
+}
+
+fn status_json(t: &Telemetry, stall: Duration, instance: &str) -> String {
+    let now = std::time::Instant::now();
+    let pipelines = t
+        .statuses()
+        .into_iter()
+        .map(|(l, s)| {
+            let state = match s.overdue(now, stall) {
+                _ if s.stopped => "stopped".to_string(),
+                Some(why) => format!("overdue: {why}"),
+                None if !s.started => "not started".to_string(),
+                None if s.healthy => "ok".to_string(),
+                None => "failing".to_string(),
+            };
+            LoopStatus {
+                pipeline: l.pipeline,
+                sink: l.sink,
+                state,
+                last_error: s.last_error,
+                lag_seconds: s.lag_seconds,
+                lag_snapshots: s.lag_snapshots,
+            }
+        })
+        .collect();
+    serde_json::to_string(&InstanceStatus { instance: instance.to_string(), pipelines }).unwrap_or_default()
 }

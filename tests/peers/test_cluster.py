@@ -5,7 +5,8 @@ Three services share 30 pipelines (3 Spark sources, 30 hadoop targets); one is k
 resume on the other two within the group's session timeout plus a poll; a fourth joins and takes a share; a pipeline
 added to the file (SIGHUP to every instance) runs on exactly one of them. At every step each pipeline has exactly
 one owner (from each instance's `cdc_pipeline_owned` in /metrics). At the end every target read by Spark equals its
-source, and every target's recorded progress only ever moved forward (nothing applied twice)."""
+source, `cdc status` names each pipeline's owner as the instances do and finds all of them ok, and every target's
+recorded progress only ever moved forward (nothing applied twice)."""
 import json
 import signal
 import subprocess
@@ -139,6 +140,21 @@ def test_services_share_pipelines_through_a_kafka_group(spark, warehouse, kafka,
                         pass
             time.sleep(1)
         assert not pending, f"targets not equal to their sources: {sorted(pending)}\n{tails()}"
+
+        # `cdc status` asks the group's members: every pipeline ok, caught up, owned by the instance that says it runs it
+        def status():
+            out = subprocess.run([CDC, "status", "--config", str(cfg), "--json"], capture_output=True, text=True)
+            return out.returncode, [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+        def status_ok():
+            rc, lines = status()
+            return rc == 0 and len(lines) == len(pipelines) and all(line["state"] == "ok" and line["lag_snapshots"] == 0 for line in lines)
+
+        assert wait_until(status_ok, 60), f"{status()}\n{tails()}"
+        owner = {line["pipeline"]: line["owner"] for line in status()[1]}
+        for n in "acd":
+            port = procs[n][1]
+            assert all(owner[p].endswith(f"@127.0.0.1:{port}") for p in owned(port)), (n, owner)
 
         # nothing applied twice: each target's recorded progress only moves forward along its history
         for name in pipelines:
