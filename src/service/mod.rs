@@ -1,7 +1,8 @@
 //! `cdc run`: the long-running service. A loop per (pipeline, sink) — a Tokio task that sleeps between polls and
 //! owns no thread — plus signals plus systemd notify.
 //!
-//! Threads: each poll runs on Tokio's blocking pool (the changelog scan's futures are not `Send`, and a hadoop
+//! Threads: an idle poll — the source's and the sinks' cheap marks unchanged since the last poll found nothing to
+//! do — is answered on the loop's own task ([`still_idle`]); any other poll runs on Tokio's blocking pool (the changelog scan's futures are not `Send`, and a hadoop
 //! catalog's files are read with blocking calls), and returns its thread when done; no loop holds a thread between
 //! polls, so thousands of idle loops cost a task and their state each, and a poll stuck in a blocking call holds one
 //! thread, not the service. At most [`POLLS_AT_ONCE`] polls run at once (they wait for a slot on their task, not
@@ -327,13 +328,19 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
         if *stop.borrow() {
             break;
         }
-        // wait for a poll slot here, on the task, not on a blocking-pool thread
-        let Ok(slot) = limits.polls.clone().acquire_owned().await else { break };
         telemetry.poll_began(&labels);
-        let polled = poll_on_blocking_pool(state).await;
-        drop(slot);
-        let Some((back, result)) = polled else { break }; // the runtime is shutting down
-        state = back;
+        let result = if still_idle(&mut state).await {
+            telemetry.polled(&labels, 0.0, 0);
+            Ok(())
+        } else {
+            // wait for a poll slot here, on the task, not on a blocking-pool thread
+            let Ok(slot) = limits.polls.clone().acquire_owned().await else { break };
+            let polled = poll_on_blocking_pool(state).await;
+            drop(slot);
+            let Some((back, result)) = polled else { break }; // the runtime is shutting down
+            state = back;
+            result
+        };
         let interval = state.run.poll_interval;
         let wait = match result {
             Ok(()) => {
@@ -400,6 +407,34 @@ struct Pipeline {
     idle: Option<Vec<Option<String>>>,
 }
 
+impl Pipeline {
+    /// The source's metadata location, then each sink's [`Sink::mark`]: cheap tokens that change when anything a poll
+    /// looks at may have.
+    async fn marks(&mut self, source_table: &str) -> Result<Vec<Option<String>>> {
+        let mut marks = vec![self.source.cheap_metadata_location(source_table).await?];
+        for s in self.sinks.iter_mut() {
+            marks.push(s.mark().await?);
+        }
+        Ok(marks)
+    }
+
+    /// Whether `marks` say nothing moved since a poll found every sink caught up.
+    fn still_idle(&self, marks: &[Option<String>]) -> bool {
+        marks.iter().all(Option::is_some) && self.idle.as_deref() == Some(marks)
+    }
+}
+
+/// The idle check of a poll, on the loop's own task: when the marks say nothing moved since the last poll found
+/// nothing to do, the poll ends here — no blocking-pool thread, no poll slot. `false`: a full [`poll`] is needed
+/// (something moved, a mark is unknown or could not be read — the full poll reports the error).
+async fn still_idle(state: &mut LoopState) -> bool {
+    let Some(p) = state.pipeline.as_mut().filter(|p| p.idle.is_some()) else { return false };
+    match p.marks(&state.cfg.source.table).await {
+        Ok(marks) => p.still_idle(&marks),
+        Err(_) => false,
+    }
+}
+
 /// One poll, whatever the sinks: when the source has snapshots beyond the least advanced sink's progress, run the
 /// same runner as `cdc sync` over them (at most one commit per `commit_interval`).
 #[allow(clippy::too_many_arguments)]
@@ -420,11 +455,8 @@ async fn poll(
     let p = state.as_mut().expect("just connected");
     // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
     // the progress they stand for: a change in between shows as a new mark next time.)
-    let mut marks = vec![p.source.cheap_metadata_location(&cfg.source.table).await?];
-    for s in p.sinks.iter_mut() {
-        marks.push(s.mark().await?);
-    }
-    if marks.iter().all(Option::is_some) && p.idle.as_ref() == Some(&marks) {
+    let marks = p.marks(&cfg.source.table).await?;
+    if p.still_idle(&marks) {
         telemetry.polled(labels, 0.0, 0);
         return Ok(());
     }
