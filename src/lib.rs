@@ -19,3 +19,9 @@ pub mod spec;
 pub(crate) mod storage;
 
 pub use error::{Error, Result};
+
+/// This machine's host name, as the kernel reports it (`localhost` when it cannot be read): named in Hive locks and
+/// in the service's `/status`.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}

@@ -907,6 +907,17 @@ impl Notifications {
 
 /// `cdc run --config cfg` under a systemd-like supervisor: its notifications are collected, its watchdog interval is
 /// 1 s, its log goes to `dir/service.log`.
+/// `dir/service.toml`: one pipeline `orders` (the quickstart table into `replica.orders`) polled every `poll`, its
+/// sink with `target_keys` added.
+fn orders_service(dir: &Path, source_wh: &Path, target_wh: &Path, port: u16, poll: &str, target_keys: &str) -> PathBuf {
+    let cfg = dir.join("service.toml");
+    let toml = service_toml(source_wh, target_wh, port, &[("orders", quickstart::TABLE, "replica.orders")])
+        .replace("poll_interval = \"200ms\"", &format!("poll_interval = \"{poll}\""))
+        .replace("table = \"replica.orders\"\n", &format!("table = \"replica.orders\"\n{target_keys}"));
+    std::fs::write(&cfg, toml).unwrap();
+    cfg
+}
+
 fn spawn_watched_service(dir: &Path, cfg: &Path) -> (std::process::Child, Notifications) {
     let notify = Notifications::bind(&dir.join("notify.sock"));
     let child = Command::new(CDC)
@@ -1001,13 +1012,15 @@ async fn the_service_expires_target_snapshots_and_counts_it() {
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("replica");
     let port = free_port();
-    let cfg = dir.path().join("service.toml");
-    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")]).replace(
-        "table = \"replica.orders\"\n",
-        "table = \"replica.orders\"\nsnapshot_retention = \"0s\"\nretain_snapshots = 2\ncompact_delete_files = 2\ncompact_small_files = 2\n\
+    let cfg = orders_service(
+        dir.path(),
+        &wh,
+        &tw,
+        port,
+        "200ms",
+        "snapshot_retention = \"0s\"\nretain_snapshots = 2\ncompact_delete_files = 2\ncompact_small_files = 2\n\
              orphan_sweep_interval = \"1s\"\norphan_grace = \"1h\"\n",
     );
-    std::fs::write(&cfg, toml).unwrap();
     let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
@@ -1083,11 +1096,7 @@ async fn the_service_compacts_in_the_background_while_the_source_commits() {
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("replica");
     let port = free_port();
-    let cfg = dir.path().join("service.toml");
-    let toml = service_toml(&wh, &tw, port, &[("orders", quickstart::TABLE, "replica.orders")])
-        .replace("poll_interval = \"200ms\"", "poll_interval = \"100ms\"")
-        .replace("table = \"replica.orders\"\n", "table = \"replica.orders\"\ncompact_delete_files = 3\ncompact_small_files = 3\n");
-    std::fs::write(&cfg, toml).unwrap();
+    let cfg = orders_service(dir.path(), &wh, &tw, port, "100ms", "compact_delete_files = 3\ncompact_small_files = 3\n");
     let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());

@@ -92,7 +92,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     let settings = cfg.service.clone();
     if settings.metrics_address != "off" {
         let addr = settings.metrics_address.parse().map_err(|e| Error::Config(vec![format!("service.metrics_address: {e}")]))?;
-        http::serve(addr, telemetry.clone(), settings.stall_timeout, format!("{}@{}", hostname(), settings.metrics_address))?;
+        http::serve(addr, telemetry.clone(), settings.stall_timeout, format!("{}@{}", crate::hostname(), settings.metrics_address))?;
     }
     // Every catalog is tried once before READY: a typo'd URI shows up now, not at the first poll.
     for (name, c) in &cfg.catalogs {
@@ -571,17 +571,4 @@ pub async fn check(path: &Path) -> Result<bool> {
         runs.len() - failed
     );
     Ok(failed == 0)
-}
-
-/// This machine's host name (`unknown` when it cannot be read).
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    if rc == 0 {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "unknown".into()
-    }
 }

@@ -40,8 +40,8 @@ pub async fn status(path: &Path, metrics_address: Option<String>) -> Result<Vec<
     let cfg = ServiceConfig::load(path)?;
     let runs = cfg.runs();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| Error::Internal(format!("http client: {e}")))?;
-    // (address to ask, the pipelines it owns: None = all of them)
-    let owners: Vec<(Option<String>, Option<Vec<String>>)> = match &cfg.cluster {
+    // (how the owner is named, the address to ask — none with telemetry off —, the pipelines it owns: None = all)
+    let owners: Vec<(String, Option<String>, Option<Vec<String>>)> = match &cfg.cluster {
         Some(c) => {
             let (members, partitions) = super::cluster::members(c).await?;
             members
@@ -49,19 +49,22 @@ pub async fn status(path: &Path, metrics_address: Option<String>) -> Result<Vec<
                 .map(|m| {
                     let owned =
                         runs.iter().filter(|r| m.partitions.contains(&partition_of(&r.pipeline, partitions))).map(|r| r.pipeline.clone()).collect();
-                    (m.address.or(Some(format!("{} (telemetry off)", m.host))), Some(owned))
+                    (m.address.clone().unwrap_or_else(|| format!("{} (telemetry off)", m.host)), m.address, Some(owned))
                 })
                 .collect()
         }
-        None => vec![(Some(metrics_address.unwrap_or(cfg.service.metrics_address.clone())), None)],
+        None => {
+            let address = metrics_address.unwrap_or(cfg.service.metrics_address.clone());
+            vec![(address.clone(), Some(address), None)]
+        }
     };
     let mut answers = Vec::new();
-    for (address, owned) in owners {
+    for (name, address, owned) in owners {
         let answer = match &address {
             Some(a) => ask(&http, a).await,
             None => None,
         };
-        answers.push((address, owned, answer));
+        answers.push((name, owned, answer));
     }
     Ok(runs
         .iter()
@@ -76,8 +79,8 @@ pub async fn status(path: &Path, metrics_address: Option<String>) -> Result<Vec<
                 lag_seconds: None,
                 last_error: None,
             };
-            let Some((address, _, answer)) = owner else { return line };
-            line.owner = address.clone();
+            let Some((name, _, answer)) = owner else { return line };
+            line.owner = Some(name.clone());
             match answer {
                 None => line.state = "owner unreachable".into(),
                 Some(a) => {

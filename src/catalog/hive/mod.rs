@@ -341,7 +341,7 @@ impl HiveCatalog {
         let request = Struct::of([
             (1, Value::struct_list(vec![component])),
             (3, Value::str(user())),
-            (4, Value::str(hostname())),
+            (4, Value::str(crate::hostname())),
             (5, Value::str(format!("iceberg-cdc-{}", uuid::Uuid::new_v4()))),
         ]);
         let (mut id, mut state) = self.lock_response(self.call("lock", vec![Value::Struct(request)], Idempotent::No).await, db, name)?;
@@ -444,10 +444,6 @@ fn columns(metadata: &TableMetadata) -> Value {
 
 fn user() -> String {
     std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "iceberg-cdc".into())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
 }
 
 #[cfg(test)]
