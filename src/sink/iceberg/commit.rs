@@ -269,11 +269,9 @@ impl IcebergSink {
         // a background compaction commits only while no applier commit is under way
         let gate = self.gate.clone();
         let mut gate = gate.lock().await;
-        if let Some(compacted) = gate.take() {
+        if let Some(compacted) = gate.take().filter(|c| sits_on(c, &target)) {
             // it landed on the head this commit was planned on: build on it rather than conflict with it
-            if compacted.metadata().current_snapshot().and_then(|s| s.parent_snapshot_id()) == target.metadata().current_snapshot_id() {
-                target = compacted;
-            }
+            target = compacted;
         }
         let evo = open.evolution;
         let map_recorded = FieldMap::read(target.metadata(), &source.uuid).ok().flatten().as_ref() == Some(&evo.map);
@@ -412,7 +410,13 @@ impl IcebergSink {
                     written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds = started.elapsed().as_secs_f64(),
                     "compacted the target"
                 );
-                after
+                // rebased over another writer's commits: the next commit must meet them through its own conflict
+                // check (which compares progress), not start from a head that already holds them
+                if sits_on(&after, &table) {
+                    after
+                } else {
+                    table
+                }
             }
             Ok(None) => table,
             Err(e) => {
@@ -505,6 +509,13 @@ impl IcebergSink {
             }
         }
     }
+}
+
+/// Whether `compacted`'s head is a compaction committed directly on `head`'s head. Only then may the applier commit
+/// on it as if on its own head: a compaction rebased over other writers' commits carries their progress, which an
+/// applier commit planned before them must meet through its conflict check, or it would apply their ranges again.
+fn sits_on(compacted: &Table, head: &Table) -> bool {
+    compacted.metadata().current_snapshot().and_then(|s| s.parent_snapshot_id()) == head.metadata().current_snapshot_id()
 }
 
 /// What a background compaction did, and how long it took.
