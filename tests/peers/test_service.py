@@ -1,6 +1,7 @@
 """`cdc run` (the service) while Apache Spark keeps committing to three source tables — copy-on-write v2,
 merge-on-read v2 (position deletes), merge-on-read v3 (deletion vectors), one of them adding a column mid-stream —
-replicating into hadoop, sqlite and REST-catalog targets with a 1 s poll. After the writers stop, every target read
+replicating into hadoop, sqlite and REST-catalog targets (one partitioned) with a 1 s poll, the v2 targets compacted in
+the background as they go. After the writers stop, every target read
 by Spark equals its source within a few polls, and /metrics shows lag 0 for every pipeline."""
 import json
 import os
@@ -38,8 +39,10 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
     for name, version, mode, _ in LIVE:
         t = f"{CAT}.db.{name}"
         spark.sql(f"DROP TABLE IF EXISTS {t}")
+        # the merge-on-read v2 source is partitioned, so its target (which takes the source's spec) is too
+        parts = "PARTITIONED BY (cat) " if name == "live_mor_v2" else ""
         spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), ts TIMESTAMP, cat STRING) "
-                  f"USING iceberg TBLPROPERTIES ({table_props(version, mode)})")
+                  f"USING iceberg {parts}TBLPROPERTIES ({table_props(version, mode)})")
         spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
         spark.sql(f"INSERT INTO {t} VALUES {rows(0, 20)}")
     port = free_port()
@@ -55,7 +58,9 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
     )
     for name, version, _, kind in LIVE:
         text += (f'\n[[pipelines]]\nname = "{name}"\nsource = {{ catalog = "lake", table = "db.{name}" }}\n\n'
-                 f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "{targets[kind]}"\ntable = "svc.{name}"\nformat_version = {version}\n')
+                 f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "{targets[kind]}"\ntable = "svc.{name}"\nformat_version = {version}\n'
+                 # compaction in the background after every 2 delete or small files (v2 targets; v3 are not compacted)
+                 'compact_delete_files = 2\ncompact_small_files = 2\n')
     cfg.write_text(text)
     log = open(tmp_path / "service.log", "w")
     proc = subprocess.Popen([CDC, "run", "--config", str(cfg), "--log", "info"], stdout=subprocess.DEVNULL, stderr=log)
@@ -103,6 +108,10 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
             assert metric(body, "cdc_replication_lag_snapshots", name) == 0, body
             assert metric(body, "cdc_replication_lag_seconds", name) == 0, body
             assert metric(body, "cdc_commits_total", name) >= 2, body
+        # the v2 targets Spark just read equal to their sources were compacted in the background while it wrote
+        for name in ("live_cow_v2", "live_mor_v2"):
+            runs = [line for line in body.splitlines() if line.startswith("cdc_maintenance_runs_total{") and f'pipeline="{name}"' in line and 'task="compact"' in line]
+            assert runs and float(runs[0].rsplit(" ", 1)[1]) >= 1, (name, runs)
         assert "target schema follows the source" in (tmp_path / "service.log").read_text()
         # row counts match the changes: the first commit copied the source at some snapshot, the rest applied the
         # changes after it (INSERT + UPDATE_AFTER + DELETE rows of `cdc changes` over that range)
