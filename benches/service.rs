@@ -7,9 +7,14 @@
 //!   `--idle-poll` seconds for `--idle-seconds`: CPU share of one core (from /proc/<pid>/stat), resident memory
 //!   (VmRSS, VmHWM), threads and RSS per pipeline. `--baseline PATH` measures another `cdc` binary on the same work
 //!   in the same sitting (e.g. an older build).
+//! - Mixed (`--mixed IDLE,BUSY`): IDLE caught-up pipelines at poll `--idle-poll` beside BUSY pipelines, each
+//!   following its own source (poll 1 s) that a writer commits 200 changed rows to every 500 ms, for
+//!   `--mixed-seconds`. Reported: the longest gap between two polls of any idle pipeline (from `cdc_polls` scraped
+//!   every 2 s, so ±2 s), how many idle pipelines ever went longer than two poll intervals without a poll, the most
+//!   loops `cdc_pipeline_overdue` counted at once, the busy pipelines' latency (P50/P99) and the service's CPU.
 //!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --mixed 5000,5 --mixed-seconds 60]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,6 +45,42 @@ fn service_toml(source_wh: &Path, target_wh: &Path, pipelines: usize, poll_secs:
         );
     }
     s
+}
+
+/// `n` idle pipelines (as [`service_toml`]) and `busy` pipelines `b<k>`, each from its own quickstart warehouse
+/// `busy_wh[k]` into `replica.busy<k>`, polled every second; metrics at `metrics`.
+fn mixed_toml(source_wh: &Path, target_wh: &Path, n: usize, poll_secs: u64, busy_wh: &[std::path::PathBuf], metrics: &str) -> String {
+    let mut s = service_toml(source_wh, target_wh, n, poll_secs).replace("metrics_address = \"off\"", &format!("metrics_address = \"{metrics}\""));
+    for (k, wh) in busy_wh.iter().enumerate() {
+        s += &format!(
+            "\n[catalogs.busy{k}]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n[[pipelines]]\nname = \"b{k}\"\npoll_interval = \"1s\"\n\
+             source = {{ catalog = \"busy{k}\", table = \"{}\" }}\n\n[[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"replica\"\n\
+             table = \"replica.busy{k}\"\n",
+            wh.display(),
+            quickstart::TABLE
+        );
+    }
+    s
+}
+
+/// `name{labels} value` lines of `family` in a Prometheus text page, by their `pipeline` label.
+fn by_pipeline(page: &str, family: &str) -> std::collections::HashMap<String, f64> {
+    page.lines()
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{'))
+        .filter_map(|l| {
+            let p = l.split("pipeline=\"").nth(1)?.split('"').next()?.to_string();
+            Some((p, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut sock) = tokio::net::TcpStream::connect(addr).await else { return String::new() };
+    let _ = sock.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    let mut body = String::new();
+    let _ = sock.read_to_string(&mut body).await;
+    body
 }
 
 fn spawn(cdc: &str, cfg: &Path) -> Child {
@@ -199,4 +240,156 @@ async fn main() {
             println!("| {label} | {n} | {cpu:.2} | {rss:.1} | {per:.0} | {hwm:.1} | {threads} | {catch_up:.1} |");
         }
     }
+
+    if let Some(mixed) = text_arg("--mixed") {
+        let (idle_n, busy_n) = mixed.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--mixed IDLE,BUSY");
+        let seconds = arg("--mixed-seconds", 60);
+        mixed_bench(dir.path(), &wh, table.metadata().current_snapshot_id(), idle_n, busy_n, idle_poll, seconds).await;
+    }
+}
+
+/// The mixed run (see the module docs).
+async fn mixed_bench(dir: &Path, wh: &Path, head: Option<i64>, idle_n: usize, busy_n: usize, idle_poll: u64, seconds: u64) {
+    let mut busy_wh = Vec::new();
+    let mut writers = Vec::new();
+    for k in 0..busy_n {
+        let qs = dir.join(format!("busy-qs-{k}"));
+        let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let cfg = Config::load(&qs.join("cdc.toml")).unwrap();
+        let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+        let table = catalog.load_table(quickstart::TABLE).await.unwrap();
+        busy_wh.push(qs.join("warehouse"));
+        writers.push((catalog, table));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("127.0.0.1:{port}");
+    let tw = dir.join("mixed");
+    let cfg = dir.join("mixed.toml");
+    std::fs::write(&cfg, mixed_toml(wh, &tw, idle_n, idle_poll, &busy_wh, &metrics)).unwrap();
+    let child = spawn(CDC, &cfg);
+    let wait = Instant::now();
+    let idle_uuid = {
+        let scfg = Config::parse(&format!(
+            "[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
+            quickstart::TABLE,
+            wh.display()
+        ))
+        .unwrap();
+        Catalog::connect(&scfg.source.catalog, "s").await.unwrap().load_table(quickstart::TABLE).await.unwrap().metadata().uuid().to_string()
+    };
+    for i in 0..idle_n {
+        loop {
+            let t = hadoop_table(&tw, &format!("replica.orders{i}")).await;
+            if t.and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &idle_uuid)).map(|p| p.source_snapshot_id) == head {
+                break;
+            }
+            assert!(wait.elapsed() < Duration::from_secs(900), "idle pipelines did not catch up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2 * idle_poll)).await;
+    // the writers: every 500 ms, 200 changed rows (150 inserts, 50 updates) into each busy source
+    let halt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for (k, (catalog, mut table)) in writers.into_iter().enumerate() {
+        let halt = halt.clone();
+        handles.push(tokio::spawn(async move {
+            let mut n = 0i64;
+            let mut commits = Vec::new();
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                let t0 = Instant::now();
+                n += 1;
+                let rows: Vec<(i64, &str, i128)> = (0..150)
+                    .map(|j| (1_000_000 * (k as i64 + 1) + n * 1000 + j, "busy", j as i128))
+                    .chain((1..=50).map(|j| (j, "upd", n as i128)))
+                    .collect();
+                table = quickstart::commit_changes(&catalog, &table, &rows, &[]).await.unwrap();
+                commits.push(table.metadata().current_snapshot().unwrap().clone());
+                tokio::time::sleep(Duration::from_millis(500).saturating_sub(t0.elapsed())).await;
+            }
+            (table, commits)
+        }));
+    }
+    let pid = child.id();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (c0, t0) = (cpu_ticks(pid), Instant::now());
+    // per idle pipeline: when its poll count last moved, and the longest gap seen
+    let mut last: std::collections::HashMap<String, (f64, Instant)> = std::collections::HashMap::new();
+    let mut longest: std::collections::HashMap<String, Duration> = std::collections::HashMap::new();
+    let mut overdue_max = 0.0f64;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        let page = scrape(&metrics).await;
+        let now = Instant::now();
+        for (p, polls) in by_pipeline(&page, "cdc_polls_total").into_iter().filter(|(p, _)| !p.starts_with('b')) {
+            match last.get(&p) {
+                Some(&(seen, _)) if seen == polls => {}
+                Some(&(_, at)) => {
+                    let gap = now - at;
+                    let l = longest.entry(p.clone()).or_default();
+                    *l = (*l).max(gap);
+                    last.insert(p, (polls, now));
+                }
+                None => {
+                    last.insert(p, (polls, now));
+                }
+            }
+        }
+        overdue_max = overdue_max.max(by_pipeline(&page, "cdc_pipeline_overdue").values().sum());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // pipelines that never polled again since the first scrape count with the whole run as their gap
+    for (p, (_, at)) in &last {
+        let l = longest.entry(p.clone()).or_default();
+        *l = (*l).max(at.elapsed());
+    }
+    let (c1, t1) = (cpu_ticks(pid), Instant::now());
+    halt.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut busy_commits = 0;
+    for (k, h) in handles.into_iter().enumerate() {
+        let (table, commits) = h.await.unwrap();
+        busy_commits += commits.len();
+        let uuid = table.metadata().uuid().to_string();
+        let name = format!("replica.busy{k}");
+        let wait = Instant::now();
+        while hadoop_table(&tw, &name)
+            .await
+            .and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &uuid))
+            .map(|p| p.source_snapshot_id)
+            != table.metadata().current_snapshot_id()
+        {
+            assert!(wait.elapsed() < Duration::from_secs(120), "busy pipeline b{k} did not catch up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let target = hadoop_table(&tw, &name).await.unwrap();
+        let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
+        for s in &commits {
+            let hit = target_lineage.iter().find(|t| {
+                t.summary()
+                    .additional_properties
+                    .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|seq| seq >= s.sequence_number())
+            });
+            if let Some(t) = hit {
+                lat.push((t.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0);
+            }
+        }
+    }
+    stop(child);
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let gaps: Vec<f64> = longest.values().map(Duration::as_secs_f64).collect();
+    let worst = gaps.iter().copied().fold(0.0, f64::max);
+    let late = gaps.iter().filter(|g| **g > 2.0 * idle_poll as f64).count();
+    let cpu = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
+    println!("\n### {idle_n} idle pipelines (poll {idle_poll} s) beside {busy_n} busy ones ({seconds} s)\n");
+    println!("| idle pipelines seen | longest gap between two polls s | idle pipelines with a gap > 2 polls | most loops overdue at once | busy commits | busy latency P50 s | P99 s | CPU % |");
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {worst:.1} | {late} | {overdue_max:.0} | {busy_commits} | {:.2} | {:.2} | {cpu:.1} |",
+        last.len(),
+        percentile(&lat, 50.0),
+        percentile(&lat, 99.0)
+    );
 }

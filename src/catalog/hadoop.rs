@@ -2,7 +2,16 @@
 //! `<warehouse>/<ns>/<table>/metadata/vN.metadata.json` plus `version-hint.text` holding N.
 //! Commits create `v{N+1}.metadata.json` with a no-clobber link, which is the atomic step: two writers racing for
 //! the same N cannot both win.
+//!
+//! The cheap check of a table's current version ([`HadoopCatalog::metadata_location`], every idle poll) lists the
+//! metadata directory only when the directory changed: every commit adds an entry (the new version, the renamed
+//! hint), which moves the directory's mtime. A listing is remembered with that mtime only once the mtime is
+//! [`SETTLED`] old, so a commit landing within the timestamp granularity of the one listed cannot hide behind an
+//! equal mtime (git's "racy clean" rule).
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use iceberg::io::FileIO;
 use iceberg::spec::{TableMetadata, TableMetadataBuilder};
@@ -13,16 +22,21 @@ use crate::error::{AtPath, Error, Result};
 
 const VERSION_HINT: &str = "version-hint.text";
 
+/// How old a metadata directory's mtime must be before a listing is trusted for as long as the mtime stays.
+const SETTLED: Duration = Duration::from_secs(2);
+
 /// Tables in Spark/Java's filesystem layout: `<warehouse>/<namespace>/<table>/metadata/vN.metadata.json`.
 pub struct HadoopCatalog {
     warehouse: PathBuf,
     file_io: FileIO,
+    /// Per metadata directory: its (settled) mtime when it was last listed, and the version found then.
+    listed: Mutex<HashMap<PathBuf, (SystemTime, u64)>>,
 }
 
 impl HadoopCatalog {
     /// The catalog rooted at `warehouse`, reading and writing through `file_io`.
     pub fn new(warehouse: impl Into<PathBuf>, file_io: FileIO) -> Self {
-        HadoopCatalog { warehouse: warehouse.into(), file_io }
+        HadoopCatalog { warehouse: warehouse.into(), file_io, listed: Mutex::default() }
     }
 
     fn table_dir(&self, ident: &TableIdent) -> PathBuf {
@@ -52,10 +66,26 @@ impl HadoopCatalog {
         }
     }
 
-    /// The current metadata file of a table, without reading it (None: no such table).
+    /// The current metadata file of a table, without reading it (None: no such table). One `stat` while the
+    /// metadata directory has not changed since a listing (see the module docs).
     pub fn metadata_location(&self, ident: &TableIdent) -> Option<String> {
         let meta_dir = self.table_dir(ident).join("metadata");
-        Self::current_version(&meta_dir).map(|v| meta_dir.join(format!("v{v}.metadata.json")).display().to_string())
+        let location = |v: u64| meta_dir.join(format!("v{v}.metadata.json")).display().to_string();
+        let mtime = std::fs::metadata(&meta_dir).and_then(|m| m.modified()).ok();
+        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        match (mtime, listed.get(&meta_dir)) {
+            (Some(now), Some(&(then, version))) if now == then => return Some(location(version)),
+            _ => {
+                listed.remove(&meta_dir);
+            }
+        }
+        drop(listed);
+        let version = Self::current_version(&meta_dir)?;
+        let settled = mtime.filter(|m| SystemTime::now().duration_since(*m).is_ok_and(|age| age >= SETTLED));
+        if let Some(m) = settled {
+            self.listed.lock().unwrap_or_else(|p| p.into_inner()).insert(meta_dir.clone(), (m, version));
+        }
+        Some(location(version))
     }
 
     /// Loads the highest metadata version of `ident`.
@@ -123,5 +153,48 @@ impl HadoopCatalog {
         std::fs::write(&hint_tmp, version.to_string()).at(&hint_tmp)?;
         std::fs::rename(&hint_tmp, meta_dir.join(VERSION_HINT)).at(meta_dir.join(VERSION_HINT))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sets `dir`'s mtime to `age` ago.
+    fn age(dir: &Path, age: Duration) {
+        let t = std::fs::File::open(dir).unwrap();
+        t.set_modified(SystemTime::now() - age).unwrap();
+    }
+
+    #[test]
+    fn the_cheap_check_lists_only_a_changed_directory() {
+        let wh = tempfile::tempdir().unwrap();
+        let meta = wh.path().join("ns").join("t").join("metadata");
+        std::fs::create_dir_all(&meta).unwrap();
+        std::fs::write(meta.join("v1.metadata.json"), "{}").unwrap();
+        let catalog = HadoopCatalog::new(wh.path(), super::super::local_file_io());
+        let ident = TableIdent::from_strs(["ns", "t"]).unwrap();
+        let at = |v: u64| Some(meta.join(format!("v{v}.metadata.json")).display().to_string());
+
+        // a directory changed just now is listed every time (nothing remembered)
+        assert_eq!(catalog.metadata_location(&ident), at(1));
+        std::fs::write(meta.join("v2.metadata.json"), "{}").unwrap();
+        assert_eq!(catalog.metadata_location(&ident), at(2));
+
+        // settled: remembered with its mtime; a file slipped in with the mtime put back is not seen (no listing) ...
+        age(&meta, Duration::from_secs(60));
+        assert_eq!(catalog.metadata_location(&ident), at(2));
+        let settled = std::fs::metadata(&meta).unwrap().modified().unwrap();
+        std::fs::write(meta.join("v3.metadata.json"), "{}").unwrap();
+        std::fs::File::open(&meta).unwrap().set_modified(settled).unwrap();
+        assert_eq!(catalog.metadata_location(&ident), at(2), "an unchanged mtime must answer without listing");
+
+        // ... while any commit moves the mtime, and the next check lists again
+        std::fs::write(meta.join("v4.metadata.json"), "{}").unwrap();
+        assert_eq!(catalog.metadata_location(&ident), at(4));
+
+        // a table that is gone is gone
+        std::fs::remove_dir_all(wh.path().join("ns")).unwrap();
+        assert_eq!(catalog.metadata_location(&ident), None);
     }
 }

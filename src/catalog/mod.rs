@@ -10,6 +10,7 @@ mod hadoop;
 pub(crate) mod hive;
 mod metastore;
 pub(crate) mod rest;
+mod sql_marks;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -49,6 +50,8 @@ pub enum Catalog {
         name: String,
         /// How its tables' storage is reached (credentials for `gs://` warehouses).
         storage: CdcStorageFactory,
+        /// The idle check's own read-only connection ([`Catalog::cheap_metadata_location`]).
+        marks: sql_marks::SqlMarks,
     },
     /// An Iceberg REST catalog (BigLake, Polaris, the reference server, …).
     Rest(Arc<rest::RestClient>),
@@ -107,7 +110,7 @@ impl Catalog {
                 // WAL: other processes reading the catalog (Spark's JdbcCatalog keeps read transactions open) must
                 // not block our compare-and-set commits. The mode is stored in the database file.
                 let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
-                Ok(Catalog::Sql { inner, pool, name, storage })
+                Ok(Catalog::Sql { inner, pool, name, storage, marks: sql_marks::SqlMarks::new(&uri) })
             }
             CatalogType::Hive => {
                 let uri = cfg.props.get("uri").map(String::as_str).unwrap_or_default();
@@ -178,14 +181,18 @@ impl Catalog {
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
-    /// a directory listing; sql: one row; hive, glue: one catalog call; REST: a conditional load answered `304 Not
+    /// one `stat`, a listing when the directory changed; sql: one row, read on the caller's task; hive, glue: one catalog call; REST: a conditional load answered `304 Not
     /// Modified`, when the server sends ETags), so a poll that finds nothing new costs next to nothing. `Ok(None)`:
     /// this catalog cannot tell cheaply (a REST server without ETags), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
         let ident = Self::ident(name)?;
         match self {
             Catalog::Hadoop(h) => Ok(h.metadata_location(&ident)),
-            Catalog::Sql { pool, name: catalog, .. } => {
+            Catalog::Sql { pool, name: catalog, marks, .. } => {
+                // on this task, without sqlx's thread hop; sqlx when that cannot tell
+                if let Some(found) = marks.metadata_location(catalog, &ident.namespace().join("."), ident.name()) {
+                    return Ok(found);
+                }
                 let row: Option<(Option<String>,)> =
                     sqlx::query_as("SELECT metadata_location FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?")
                         .bind(catalog)

@@ -47,7 +47,8 @@ pub enum Lifetime {
     OneShot,
     /// The service's loops, run after run: compaction rewrites in the background and commits between the applier's
     /// commits, off the replication path (equality-delete targets; position-delete targets compact between commits,
-    /// since the applier's positions hold only on the head it looked them up in).
+    /// since the applier's positions hold only on the head it looked them up in). An expiry commits with the
+    /// applier's commit, and the files it left unreferenced are deleted beside the next commits.
     LongRunning,
 }
 

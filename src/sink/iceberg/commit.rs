@@ -55,8 +55,12 @@ pub struct IcebergSink {
     compact_mark: compact::Mark,
     /// Whether compaction runs in the background (see [`Lifetime::LongRunning`]).
     background: bool,
+    /// Whether the files of expired snapshots are deleted in the background ([`Lifetime::LongRunning`], any mode).
+    long_running: bool,
     /// The compaction running in the background, if one is.
     compaction: Option<tokio::task::JoinHandle<Background>>,
+    /// The deletion of what an expiry left unreferenced, running in the background (with `background`), if one is.
+    deletion: Option<tokio::task::JoinHandle<Result<expire::Expired>>>,
     /// Taken by whoever commits to the target from this sink — the applier's commits and the background
     /// compaction's — so that they never race each other. Holds the table a compaction's commit left behind, which
     /// the applier's next commit builds on (instead of conflicting with it).
@@ -85,7 +89,9 @@ impl IcebergSink {
         let catalog = Catalog::shared(&cfg.catalog, "target").await?;
         Ok(IcebergSink {
             background: lifetime == Lifetime::LongRunning && cfg.delete_mode == DeleteMode::Equality,
+            long_running: lifetime == Lifetime::LongRunning,
             compaction: None,
+            deletion: None,
             gate: Arc::default(),
             catalog,
             cfg,
@@ -373,7 +379,11 @@ impl IcebergSink {
     async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, mut stats: CommitStats) -> Committed {
         let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
         remove_unreferenced(table.file_io(), others).await;
-        let table = if self.cfg.expire_snapshots { expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await } else { table };
+        let table = match (self.cfg.expire_snapshots, self.long_running) {
+            (false, _) => table,
+            (true, false) => expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await,
+            (true, true) => self.expire_in_background(table, &mut stats.maintenance).await,
+        };
         let table = match (self.cfg.compact, self.background) {
             (false, _) => table,
             (true, false) => self.compact_when_due(table, &mut stats.maintenance).await,
@@ -465,6 +475,59 @@ impl IcebergSink {
             }
             Background { result, seconds }
         }));
+    }
+
+    /// Like [`expire_when_due`], but only the expiry's commit runs here: the deletion of what it left unreferenced
+    /// (reading every remaining snapshot's manifest list, then deleting) runs on its own task beside the next
+    /// commits, and is counted when it has finished. No expiry starts while the last one's deletion runs.
+    async fn expire_in_background(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
+        self.collect_deletion(stats);
+        if self.deletion.is_some() {
+            return table;
+        }
+        let retention = expire::Retention { max_age: self.cfg.snapshot_retention, min_snapshots: self.cfg.retain_snapshots };
+        let started = Instant::now();
+        let removed = expire::remove_snapshots(&self.catalog, &table, &retention, false).await;
+        stats.expire_seconds += started.elapsed().as_secs_f64();
+        match removed {
+            Ok(Some((after, expiry))) => {
+                stats.snapshots_expired += expiry.snapshots() as u64;
+                let name = self.cfg.table.clone();
+                self.deletion = Some(tokio::spawn(async move {
+                    let deleted = expiry.delete_unreachable().await;
+                    match &deleted {
+                        Ok(e) => tracing::info!(
+                            table = %name, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
+                            files = e.files, "expired old target snapshots and deleted the files only they referenced"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(table = %name, error = %e, "deleting the files of expired snapshots failed; they stay as orphans for the sweep")
+                        }
+                    }
+                    deleted
+                }));
+                after
+            }
+            Ok(None) => table,
+            Err(e) => {
+                stats.failures += 1;
+                tracing::warn!(table = %self.cfg.table, error = %e, "snapshot expiry failed; replication goes on, expiry is retried after a later commit");
+                table
+            }
+        }
+    }
+
+    /// Counts the background deletion of an expiry's files in `stats` if it has finished.
+    fn collect_deletion(&mut self, stats: &mut MaintenanceStats) {
+        let Some(done) = self.deletion.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
+        match done {
+            Ok(Ok(e)) => stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64,
+            Ok(Err(_)) => stats.failures += 1,
+            Err(e) => {
+                stats.failures += 1;
+                tracing::warn!(table = %self.cfg.table, error = %e, "the background deletion of expired files ended abnormally");
+            }
+        }
     }
 
     /// Counts the background compaction in `stats` if it has finished.
@@ -682,10 +745,10 @@ impl Sink for IcebergSink {
     }
 
     /// The table's metadata location, where the catalog tells it without loading the metadata; unknown while a
-    /// finished background compaction waits to be counted (the poll then reaches [`Sink::take_maintenance`]).
+    /// finished background compaction or deletion of expired files waits to be counted (the poll then reaches [`Sink::take_maintenance`]).
     fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
         async move {
-            if self.compaction.as_ref().is_some_and(|t| t.is_finished()) {
+            if self.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.deletion.as_ref().is_some_and(|t| t.is_finished()) {
                 return Ok(None);
             }
             self.catalog.cheap_metadata_location(&self.cfg.table).await
@@ -761,6 +824,7 @@ impl Sink for IcebergSink {
     fn take_maintenance(&mut self) -> MaintenanceStats {
         let mut stats = MaintenanceStats::default();
         self.collect_compaction(&mut stats);
+        self.collect_deletion(&mut stats);
         stats
     }
 

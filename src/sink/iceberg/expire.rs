@@ -10,7 +10,8 @@
 //!    1.25 × what the retention needs.
 //! 3. **Commit** one `remove-snapshots` update that requires the table and the main head it was planned on; a
 //!    conflict (another writer committed) just skips this round.
-//! 4. **Delete what only the expired snapshots referenced**, computed by reachability after the commit: their
+//! 4. **Delete what only the expired snapshots referenced** (inline, or beside the next commits in the service: see
+//!    [`Expiry`]), computed by reachability after the commit: their
 //!    manifest lists; their manifests that no remaining snapshot lists; and the data and delete files live in those
 //!    manifests that no remaining manifest holds live. In the common streaming case every manifest of an expired
 //!    snapshot is still listed by a newer one, so only manifest lists are read. Deletion is best effort: a file left
@@ -103,6 +104,14 @@ pub(crate) fn due(expirable: usize, total: usize) -> bool {
 /// after the expiry and what it removed, or `None` when nothing was due or another writer committed first (the next
 /// round retries).
 pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retention, force: bool) -> Result<Option<(Table, Expired)>> {
+    let Some((after, expiry)) = remove_snapshots(catalog, table, retention, force).await? else { return Ok(None) };
+    Ok(Some((after, expiry.delete_unreachable().await?)))
+}
+
+/// Step 3 alone: commits the removal of what `retention` allows when due (see [`expire`]); step 4, the deletion of
+/// what only the expired snapshots referenced, is left to the returned [`Expiry`] — to run now, or beside the next
+/// commits (the service: reading the remaining snapshots' manifest lists is most of an expiry's time).
+pub(crate) async fn remove_snapshots(catalog: &Catalog, table: &Table, retention: &Retention, force: bool) -> Result<Option<(Table, Expiry)>> {
     let meta = table.metadata();
     let now = chrono::Utc::now().timestamp_millis();
     let worth = |n: usize| if force { n > 0 } else { due(n, meta.snapshots().len()) };
@@ -129,8 +138,29 @@ pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retenti
     };
     let expired: Vec<SnapshotRef> = ids.iter().filter_map(|id| meta.snapshot_by_id(*id).cloned()).collect();
     let remaining: Vec<SnapshotRef> = after.metadata().snapshots().cloned().collect();
-    let report = delete_unreachable(table, &expired, &remaining).await?;
-    Ok(Some((after, Expired { snapshots: ids.len(), ..report })))
+    Ok(Some((after, Expiry { table: table.clone(), expired, remaining })))
+}
+
+/// Snapshots removed by a committed expiry, whose files are not deleted yet.
+pub(crate) struct Expiry {
+    /// The table before the expiry (its file IO reads and deletes).
+    table: Table,
+    expired: Vec<SnapshotRef>,
+    /// The snapshots the expiry's commit left.
+    remaining: Vec<SnapshotRef>,
+}
+
+impl Expiry {
+    /// Snapshots the expiry removed.
+    pub(crate) fn snapshots(&self) -> usize {
+        self.expired.len()
+    }
+
+    /// Deletes what only the expired snapshots referenced (step 4); reports the whole expiry.
+    pub(crate) async fn delete_unreachable(self) -> Result<Expired> {
+        let report = delete_unreachable(&self.table, &self.expired, &self.remaining).await?;
+        Ok(Expired { snapshots: self.expired.len(), ..report })
+    }
 }
 
 /// Deletes what `expired` snapshots referenced and no `remaining` one does (module docs, step 4).
