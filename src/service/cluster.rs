@@ -24,7 +24,6 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::types::RDKafkaErrorCode;
@@ -33,6 +32,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::service::config::{partition_of, ClusterConfig};
+use crate::sink::kafka::auth::{auth_defaults, KafkaContext};
 
 /// The control-topic partitions this instance owns, and how many changes of that set there have been.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,7 +67,8 @@ impl Membership {
         let (tx, owned) = watch::channel(Owned::default());
         let (acks, acks_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let context = GroupContext { owned: tx, acks: Mutex::new(acks_rx), stop: stop.clone(), revoke_deadline };
+        let kafka = context_for(cfg)?;
+        let context = GroupContext { owned: tx, acks: Mutex::new(acks_rx), stop: stop.clone(), revoke_deadline, kafka };
         let mut client = client_config(cfg);
         client
             .set("group.id", &cfg.group)
@@ -152,9 +153,11 @@ pub(crate) struct Member {
 /// with). Classic-protocol groups only (`group.protocol = "consumer"` groups are not described by this call).
 pub(crate) async fn members(cfg: &ClusterConfig) -> Result<(Vec<Member>, i32)> {
     let cfg = cfg.clone();
+    let context = context_for(&cfg)?;
     tokio::task::spawn_blocking(move || {
         let topic = cfg.topic();
-        let consumer: BaseConsumer = client_config(&cfg).create().map_err(|e| kafka_error(&cfg, "cannot create a client", e))?;
+        let consumer: BaseConsumer<KafkaContext> =
+            client_config(&cfg).create_with_context(context).map_err(|e| kafka_error(&cfg, "cannot create a client", e))?;
         let timeout = Duration::from_secs(15);
         let metadata =
             consumer.fetch_metadata(Some(&topic), timeout).map_err(|e| kafka_error(&cfg, "cannot read the control topic's metadata", e))?;
@@ -218,9 +221,17 @@ struct GroupContext {
     acks: Mutex<mpsc::Receiver<u64>>,
     stop: Arc<AtomicBool>,
     revoke_deadline: Duration,
+    /// Tokens for OAUTHBEARER (`auth = "google"`).
+    kafka: KafkaContext,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> std::result::Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.kafka.generate_oauth_token(config)
+    }
+}
 
 impl ConsumerContext for GroupContext {
     /// A revocation: the partitions leave the owned set, and the group waits until their loops have stopped.
@@ -284,11 +295,17 @@ fn partitions_in(list: &TopicPartitionList) -> BTreeSet<i32> {
 
 fn client_config(cfg: &ClusterConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
+    auth_defaults(cfg.auth.as_deref(), &mut c);
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }
     c.set("bootstrap.servers", &cfg.bootstrap_servers);
     c
+}
+
+/// The clients' context: Google tokens for OAUTHBEARER when `auth = "google"`.
+fn context_for(cfg: &ClusterConfig) -> Result<KafkaContext> {
+    crate::sink::kafka::auth::context_for(cfg.auth.as_deref(), cfg.principal.as_deref(), "cluster")
 }
 
 fn kafka_error(cfg: &ClusterConfig, what: &str, e: rdkafka::error::KafkaError) -> Error {
@@ -302,7 +319,8 @@ fn kafka_error(cfg: &ClusterConfig, what: &str, e: rdkafka::error::KafkaError) -
 
 /// Creates the control topic when missing (replication: the brokers' default); returns its partition count.
 async fn ensure_topic(cfg: &ClusterConfig, topic: &str) -> Result<i32> {
-    let admin: AdminClient<DefaultClientContext> = client_config(cfg).create().map_err(|e| kafka_error(cfg, "cannot create an admin client", e))?;
+    let admin: AdminClient<KafkaContext> =
+        client_config(cfg).create_with_context(context_for(cfg)?).map_err(|e| kafka_error(cfg, "cannot create an admin client", e))?;
     let new = NewTopic::new(topic, cfg.partitions, TopicReplication::Fixed(-1));
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))).request_timeout(Some(Duration::from_secs(30)));
     let created = admin.create_topics([&new], &opts).await.map_err(|e| kafka_error(cfg, "cannot create the control topic", e))?;

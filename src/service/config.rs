@@ -54,6 +54,11 @@ pub struct ClusterConfig {
     /// brokers accept 6 s to 30 min by default).
     #[serde(default = "default_session_timeout", with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// `google`: SASL OAUTHBEARER with Google access tokens (Google Cloud Managed Service for Apache Kafka), as the
+    /// Kafka sink's `auth`.
+    pub auth: Option<String>,
+    /// The service account e-mail OAUTHBEARER presents (default: `client_email` of GOOGLE_APPLICATION_CREDENTIALS).
+    pub principal: Option<String>,
     /// librdkafka properties for the group's clients (TLS, SASL, `group.protocol`...).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -275,6 +280,9 @@ impl ServiceConfig {
             }
             if c.session_timeout < Duration::from_secs(1) {
                 p.push("cluster.session_timeout: at least 1s (brokers refuse less than 6s by default)".into());
+            }
+            if let Some(a) = c.auth.as_deref().filter(|a| *a != "google") {
+                p.push(format!("cluster.auth: `{a}` — the only value is `google` (OAUTHBEARER with Google tokens)"));
             }
             if self.service.shard.is_some() {
                 p.push("service.shard and [cluster] both split the pipelines: keep one".into());
@@ -502,11 +510,13 @@ table = "r.items"
         let c = ok.cluster.as_ref().unwrap();
         assert_eq!((c.topic(), c.partitions, c.session_timeout), ("lake.pipelines".to_string(), 64, Duration::from_secs(10)));
         let bad = format!(
-            "{}\n[cluster]\nbootstrap_servers = \"\"\ngroup = \"\"\npartitions = 0\nsession_timeout = \"10ms\"\n",
+            "{}\n[cluster]\nbootstrap_servers = \"\"\ngroup = \"\"\npartitions = 0\nsession_timeout = \"10ms\"\nauth = \"aws\"\n",
             GOOD.replace("[service]\n", "[service]\nshard = \"0/2\"\n")
         );
         let err = ServiceConfig::parse(&bad).unwrap_err().to_string();
-        for needle in ["cluster.bootstrap_servers", "cluster.group", "cluster.partitions", "cluster.session_timeout", "keep one"] {
+        for needle in
+            ["cluster.bootstrap_servers", "cluster.group", "cluster.partitions", "cluster.session_timeout", "cluster.auth: `aws`", "keep one"]
+        {
             assert!(err.contains(needle), "{needle}: {err}");
         }
         let unknown = format!("{GOOD}\n[cluster]\nbootstrap_servers = \"k:9092\"\ngroup = \"lake\"\nretries = 3\n");

@@ -24,7 +24,7 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use iceberg::spec::{DataFile, SchemaRef, UnboundPartitionSpec};
+use iceberg::spec::{DataFile, SchemaRef, SnapshotRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
 
@@ -60,7 +60,7 @@ pub struct IcebergSink {
     /// The compaction running in the background, if one is.
     compaction: Option<tokio::task::JoinHandle<Background>>,
     /// The deletion of what an expiry left unreferenced, running in the background (with `background`), if one is.
-    deletion: Option<tokio::task::JoinHandle<Result<expire::Expired>>>,
+    deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
     /// Taken by whoever commits to the target from this sink — the applier's commits and the background
     /// compaction's — so that they never race each other. Holds the table a compaction's commit left behind, which
     /// the applier's next commit builds on (instead of conflicting with it).
@@ -294,11 +294,17 @@ impl IcebergSink {
             let mut prepared = delta.prepare(&target).await?;
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
             prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, prepared.sequence_number));
+            // an expiry when due rides along: no commit of its own
+            let expiring = self.expiring(&target);
+            if !expiring.is_empty() {
+                prepared.updates.push(TableUpdate::RemoveSnapshots { snapshot_ids: expiring.iter().map(|s| s.snapshot_id()).collect() });
+            }
             attempts.push(Attempt {
                 snapshot_id: prepared.snapshot_id,
                 parent: target.metadata().current_snapshot_id(),
                 metadata_files: prepared.metadata_files,
                 outcome_unknown: false,
+                expiring,
             });
             if stop.is_some_and(|s| *s.borrow()) {
                 // shutting down: abandon before the catalog call, so the commit either happened or never will
@@ -373,17 +379,14 @@ impl IcebergSink {
     }
 
     /// Attempt `id` landed on `table`: the others can no longer (the head moved past what they require), so their
-    /// manifests go; the table and the field mapping become current.
-    /// Then, when due, the target's old snapshots are expired (best effort: a failed expiry is logged, and retried
-    /// after a later commit).
+    /// manifests go; the table and the field mapping become current. When the commit expired old snapshots too,
+    /// what only they referenced is deleted (best effort: what is left behind is an orphan for the sweep).
     async fn landed(&mut self, table: Table, id: i64, attempts: Vec<Attempt>, map: FieldMap, mut stats: CommitStats) -> Committed {
-        let others = attempts.into_iter().filter(|a| a.snapshot_id != id).flat_map(|a| a.metadata_files).collect();
-        remove_unreferenced(table.file_io(), others).await;
-        let table = match (self.cfg.expire_snapshots, self.long_running) {
-            (false, _) => table,
-            (true, false) => expire_when_due(&self.catalog, &self.cfg, table, &mut stats.maintenance).await,
-            (true, true) => self.expire_in_background(table, &mut stats.maintenance).await,
-        };
+        let (mine, others): (Vec<Attempt>, Vec<Attempt>) = attempts.into_iter().partition(|a| a.snapshot_id == id);
+        remove_unreferenced(table.file_io(), others.into_iter().flat_map(|a| a.metadata_files).collect()).await;
+        if let Some(expired) = mine.into_iter().next().map(|a| a.expiring).filter(|e| !e.is_empty()) {
+            self.expired(expire::Expiry::committed(expired, &table), &mut stats.maintenance).await;
+        }
         let table = match (self.cfg.compact, self.background) {
             (false, _) => table,
             (true, false) => self.compact_when_due(table, &mut stats.maintenance).await,
@@ -477,43 +480,42 @@ impl IcebergSink {
         }));
     }
 
-    /// Like [`expire_when_due`], but only the expiry's commit runs here: the deletion of what it left unreferenced
-    /// (reading every remaining snapshot's manifest list, then deleting) runs on its own task beside the next
-    /// commits, and is counted when it has finished. No expiry starts while the last one's deletion runs.
-    async fn expire_in_background(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
-        self.collect_deletion(stats);
-        if self.deletion.is_some() {
-            return table;
+    /// The snapshots an applier commit on `target` should remove as well, when an expiry is due (see
+    /// `expire::due_now`); none while the last expiry's files are still being deleted in the background.
+    fn expiring(&self, target: &Table) -> Vec<SnapshotRef> {
+        if !self.cfg.expire_snapshots || self.deletion.as_ref().is_some_and(|t| !t.is_finished()) {
+            return Vec::new();
         }
         let retention = expire::Retention { max_age: self.cfg.snapshot_retention, min_snapshots: self.cfg.retain_snapshots };
-        let started = Instant::now();
-        let removed = expire::remove_snapshots(&self.catalog, &table, &retention, false).await;
-        stats.expire_seconds += started.elapsed().as_secs_f64();
-        match removed {
-            Ok(Some((after, expiry))) => {
-                stats.snapshots_expired += expiry.snapshots() as u64;
-                let name = self.cfg.table.clone();
-                self.deletion = Some(tokio::spawn(async move {
-                    let deleted = expiry.delete_unreachable().await;
-                    match &deleted {
-                        Ok(e) => tracing::info!(
-                            table = %name, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
-                            files = e.files, "expired old target snapshots and deleted the files only they referenced"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(table = %name, error = %e, "deleting the files of expired snapshots failed; they stay as orphans for the sweep")
-                        }
-                    }
-                    deleted
-                }));
-                after
+        let meta = target.metadata();
+        expire::due_now(meta, &retention, false).unwrap_or_default().into_iter().filter_map(|id| meta.snapshot_by_id(id).cloned()).collect()
+    }
+
+    /// An applier commit removed old snapshots: deletes what only they referenced — on its own task beside the next
+    /// commits in the service ([`Lifetime::LongRunning`]: reading every remaining snapshot's manifest list is most
+    /// of an expiry's time), here otherwise.
+    async fn expired(&mut self, expiry: expire::Expiry, stats: &mut MaintenanceStats) {
+        self.collect_deletion(stats);
+        stats.snapshots_expired += expiry.snapshots() as u64;
+        let name = self.cfg.table.clone();
+        let deletion = async move {
+            let started = Instant::now();
+            let deleted = expiry.delete_unreachable().await;
+            match &deleted {
+                Ok(e) => tracing::info!(
+                    table = %name, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
+                    files = e.files, "expired old target snapshots and deleted the files only they referenced"
+                ),
+                Err(e) => {
+                    tracing::warn!(table = %name, error = %e, "deleting the files of expired snapshots failed; they stay as orphans for the sweep")
+                }
             }
-            Ok(None) => table,
-            Err(e) => {
-                stats.failures += 1;
-                tracing::warn!(table = %self.cfg.table, error = %e, "snapshot expiry failed; replication goes on, expiry is retried after a later commit");
-                table
-            }
+            (deleted, started.elapsed().as_secs_f64())
+        };
+        if self.long_running {
+            self.deletion = Some(tokio::spawn(deletion));
+        } else {
+            count_deletion(deletion.await, stats);
         }
     }
 
@@ -521,8 +523,7 @@ impl IcebergSink {
     fn collect_deletion(&mut self, stats: &mut MaintenanceStats) {
         let Some(done) = self.deletion.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
         match done {
-            Ok(Ok(e)) => stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64,
-            Ok(Err(_)) => stats.failures += 1,
+            Ok(deleted) => count_deletion(deleted, stats),
             Err(e) => {
                 stats.failures += 1;
                 tracing::warn!(table = %self.cfg.table, error = %e, "the background deletion of expired files ended abnormally");
@@ -574,6 +575,15 @@ impl IcebergSink {
     }
 }
 
+/// Counts a finished deletion of an expiry's files (what it deleted, its seconds) in `stats`.
+fn count_deletion((deleted, seconds): (Result<expire::Expired>, f64), stats: &mut MaintenanceStats) {
+    stats.expire_seconds += seconds;
+    match deleted {
+        Ok(e) => stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64,
+        Err(_) => stats.failures += 1,
+    }
+}
+
 /// Whether `compacted`'s head is a compaction committed directly on `head`'s head. Only then may the applier commit
 /// on it as if on its own head: a compaction rebased over other writers' commits carries their progress, which an
 /// applier commit planned before them must meet through its conflict check, or it would apply their ranges again.
@@ -594,32 +604,6 @@ fn compactions_at_once() -> &'static tokio::sync::Semaphore {
     SLOTS.get_or_init(|| tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1)))
 }
 
-/// Expires what `cfg`'s retention allows on `table`, when due; returns the table as it is afterwards, and counts what
-/// it did in `stats`.
-pub(crate) async fn expire_when_due(catalog: &Catalog, cfg: &TargetConfig, table: Table, stats: &mut MaintenanceStats) -> Table {
-    let retention = expire::Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots };
-    let started = Instant::now();
-    let expired = expire::expire(catalog, &table, &retention, false).await;
-    stats.expire_seconds += started.elapsed().as_secs_f64();
-    match expired {
-        Ok(Some((after, e))) => {
-            stats.snapshots_expired += e.snapshots as u64;
-            stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64;
-            tracing::info!(
-                table = %cfg.table, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
-                files = e.files, "expired old target snapshots and deleted the files only they referenced"
-            );
-            after
-        }
-        Ok(None) => table,
-        Err(e) => {
-            stats.failures += 1;
-            tracing::warn!(table = %cfg.table, error = %e, "snapshot expiry failed; replication goes on, expiry is retried after a later commit");
-            table
-        }
-    }
-}
-
 /// One commit request sent to the catalog (or about to be), remembered until the commit ends.
 struct Attempt {
     snapshot_id: i64,
@@ -628,6 +612,8 @@ struct Attempt {
     metadata_files: Vec<String>,
     /// The catalog did not say whether it applied it (see [`Error::CommitUnknown`]).
     outcome_unknown: bool,
+    /// Old snapshots it removes too (an expiry carried by the commit, see `expire::due_now`).
+    expiring: Vec<SnapshotRef>,
 }
 
 /// What decides the fate of earlier attempts: the target's main head and the snapshots it holds.
@@ -842,7 +828,7 @@ mod tests {
     use super::*;
 
     fn attempt(snapshot_id: i64, parent: Option<i64>, outcome_unknown: bool) -> Attempt {
-        Attempt { snapshot_id, parent, metadata_files: vec![format!("m-{snapshot_id}.avro")], outcome_unknown }
+        Attempt { snapshot_id, parent, metadata_files: vec![format!("m-{snapshot_id}.avro")], outcome_unknown, expiring: Vec::new() }
     }
     fn state(head: Option<i64>, snapshots: &[i64]) -> TargetState {
         TargetState { head, snapshots: snapshots.iter().copied().collect() }

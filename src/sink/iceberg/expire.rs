@@ -5,15 +5,15 @@
 //! 1. **Plan** (pure, [`plan`]): expire the snapshots older than `max_age` that are neither among the newest
 //!    `min_snapshots` of the main branch's history, nor the snapshot of a tag, nor on the history of another branch
 //!    (branches and tags are the owner's; expiry only shortens main's past).
-//! 2. **Due** ([`due`]): only when the expirable snapshots are at least a quarter of those that stay, so the extra
-//!    commit and the manifest-list reads it costs are paid once per many commits, and the metadata stays within
-//!    1.25 × what the retention needs.
-//! 3. **Commit** one `remove-snapshots` update that requires the table and the main head it was planned on; a
-//!    conflict (another writer committed) just skips this round.
-//! 4. **Delete what only the expired snapshots referenced** (inline, or beside the next commits in the service: see
-//!    [`Expiry`]), computed by reachability after the commit: their
-//!    manifest lists; their manifests that no remaining snapshot lists; and the data and delete files live in those
-//!    manifests that no remaining manifest holds live. In the common streaming case every manifest of an expired
+//! 2. **Due** ([`due`]): only when the expirable snapshots are at least a quarter of those that stay, so the
+//!    manifest-list reads it costs are paid once per many commits, and the metadata stays within 1.25 × what the
+//!    retention needs.
+//! 3. **Commit** one `remove-snapshots` update that requires the table and the main head it was planned on: as one
+//!    more update of the applier's next commit (no commit of its own), or alone (`cdc maintain`), where a conflict
+//!    (another writer committed) just skips this round.
+//! 4. **Delete what only the expired snapshots referenced** ([`Expiry`]: inline, or beside the next commits in the
+//!    service), computed by reachability after the commit: their manifest lists; their manifests that no remaining
+//!    snapshot lists; and the data and delete files live in those manifests that no remaining manifest holds live. In the common streaming case every manifest of an expired
 //!    snapshot is still listed by a newer one, so only manifest lists are read. Deletion is best effort: a file left
 //!    behind is an orphan, never a broken table.
 //!
@@ -100,30 +100,12 @@ pub(crate) fn due(expirable: usize, total: usize) -> bool {
     expirable > 0 && 4 * expirable >= total.saturating_sub(expirable)
 }
 
-/// Expires what `retention` allows on `table` when due (`force`: whenever anything is expirable); returns the table
-/// after the expiry and what it removed, or `None` when nothing was due or another writer committed first (the next
-/// round retries).
+/// Expires what `retention` allows on `table` when due (`force`: whenever anything is expirable), in a commit of its
+/// own (`cdc maintain`; the applier's commits carry theirs, see [`due_now`]); returns the table after the expiry and
+/// what it removed, or `None` when nothing was due or another writer committed first (the next round retries).
 pub(crate) async fn expire(catalog: &Catalog, table: &Table, retention: &Retention, force: bool) -> Result<Option<(Table, Expired)>> {
-    let Some((after, expiry)) = remove_snapshots(catalog, table, retention, force).await? else { return Ok(None) };
-    Ok(Some((after, expiry.delete_unreachable().await?)))
-}
-
-/// Step 3 alone: commits the removal of what `retention` allows when due (see [`expire`]); step 4, the deletion of
-/// what only the expired snapshots referenced, is left to the returned [`Expiry`] — to run now, or beside the next
-/// commits (the service: reading the remaining snapshots' manifest lists is most of an expiry's time).
-pub(crate) async fn remove_snapshots(catalog: &Catalog, table: &Table, retention: &Retention, force: bool) -> Result<Option<(Table, Expiry)>> {
     let meta = table.metadata();
-    let now = chrono::Utc::now().timestamp_millis();
-    let worth = |n: usize| if force { n > 0 } else { due(n, meta.snapshots().len()) };
-    // after every commit, so first the cheap bound: with main as the only ref, other refs can only keep more
-    let main_only: Vec<Ref> = main_ref(meta).into_iter().collect();
-    if !worth(plan(meta, &main_only, now, retention).len()) {
-        return Ok(None);
-    }
-    let ids = plan(meta, &refs(meta), now, retention);
-    if !worth(ids.len()) {
-        return Ok(None);
-    }
+    let Some(ids) = due_now(meta, retention, force) else { return Ok(None) };
     let requirements = vec![
         TableRequirement::UuidMatch { uuid: meta.uuid() },
         TableRequirement::RefSnapshotIdMatch { r#ref: "main".to_string(), snapshot_id: meta.current_snapshot_id() },
@@ -136,14 +118,29 @@ pub(crate) async fn remove_snapshots(catalog: &Catalog, table: &Table, retention
         }
         Err(e) => return Err(e),
     };
-    let expired: Vec<SnapshotRef> = ids.iter().filter_map(|id| meta.snapshot_by_id(*id).cloned()).collect();
-    let remaining: Vec<SnapshotRef> = after.metadata().snapshots().cloned().collect();
-    Ok(Some((after, Expiry { table: table.clone(), expired, remaining })))
+    let expired = ids.iter().filter_map(|id| meta.snapshot_by_id(*id).cloned()).collect();
+    let report = Expiry::committed(expired, &after).delete_unreachable().await?;
+    Ok(Some((after, report)))
+}
+
+/// The snapshots of `meta` to expire now under `retention` (steps 1 and 2; `force`: whenever any is expirable), or
+/// `None` when it is not worth a commit yet. An applier commit carries them as one more update (the service's
+/// expiries cost no commit of their own).
+pub(crate) fn due_now(meta: &TableMetadata, retention: &Retention, force: bool) -> Option<Vec<i64>> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let worth = |n: usize| if force { n > 0 } else { due(n, meta.snapshots().len()) };
+    // after every commit, so first the cheap bound: with main as the only ref, other refs can only keep more
+    let main_only: Vec<Ref> = main_ref(meta).into_iter().collect();
+    if !worth(plan(meta, &main_only, now, retention).len()) {
+        return None;
+    }
+    let ids = plan(meta, &refs(meta), now, retention);
+    worth(ids.len()).then_some(ids)
 }
 
 /// Snapshots removed by a committed expiry, whose files are not deleted yet.
 pub(crate) struct Expiry {
-    /// The table before the expiry (its file IO reads and deletes).
+    /// The table after the expiry (its file IO reads and deletes).
     table: Table,
     expired: Vec<SnapshotRef>,
     /// The snapshots the expiry's commit left.
@@ -151,6 +148,11 @@ pub(crate) struct Expiry {
 }
 
 impl Expiry {
+    /// The removal of `expired`, committed as `after` (alone or with other updates).
+    pub(crate) fn committed(expired: Vec<SnapshotRef>, after: &Table) -> Expiry {
+        Expiry { table: after.clone(), expired, remaining: after.metadata().snapshots().cloned().collect() }
+    }
+
     /// Snapshots the expiry removed.
     pub(crate) fn snapshots(&self) -> usize {
         self.expired.len()

@@ -14,6 +14,7 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 
 use crate::auth::{Token, TokenSource};
+use crate::error::{Error, Result};
 
 /// Client context of every Kafka client of a sink: Google tokens when configured, nothing otherwise.
 #[derive(Clone, Default)]
@@ -36,6 +37,30 @@ impl KafkaContext {
     }
 }
 
+/// The context for a client configured with `auth` (only `google`) and `principal` (default: the `client_email` of
+/// GOOGLE_APPLICATION_CREDENTIALS); `section` names the configuration section in errors (`kafka`, `cluster`).
+/// Must be called inside a Tokio runtime.
+pub fn context_for(auth: Option<&str>, principal: Option<&str>, section: &str) -> Result<KafkaContext> {
+    if auth != Some("google") {
+        return Ok(KafkaContext::default());
+    }
+    let key_file = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok();
+    let principal = principal.map(str::to_string).or_else(|| key_file.as_deref().and_then(key_file_principal)).ok_or_else(|| {
+        Error::Config(vec![format!(
+            "{section}.principal: the service account e-mail OAUTHBEARER presents; set it, or GOOGLE_APPLICATION_CREDENTIALS to a key file"
+        )])
+    })?;
+    Ok(KafkaContext::google(TokenSource::google(None), principal))
+}
+
+/// Client settings `auth` implies (before the user's `properties`, which may override them): TLS and OAUTHBEARER for
+/// `google` (Google Cloud Managed Service for Apache Kafka).
+pub fn auth_defaults(auth: Option<&str>, c: &mut rdkafka::config::ClientConfig) {
+    if auth == Some("google") {
+        c.set("security.protocol", "SASL_SSL").set("sasl.mechanism", "OAUTHBEARER");
+    }
+}
+
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s.as_bytes())
 }
@@ -53,7 +78,7 @@ impl ClientContext for KafkaContext {
     const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
 
     fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
-        let g = self.google.as_ref().ok_or("sasl.mechanism OAUTHBEARER needs `auth = \"google\"` in the kafka sink")?;
+        let g = self.google.as_ref().ok_or("sasl.mechanism OAUTHBEARER needs `auth = \"google\"` (in [kafka] or [cluster])")?;
         // librdkafka's thread is not a runtime thread: run the token fetch on the client's runtime
         let tokens = g.tokens.clone();
         let access = std::thread::scope(|s| s.spawn(|| g.runtime.block_on(tokens.token())).join()).map_err(|_| "token thread panicked")??;

@@ -155,10 +155,7 @@ impl KafkaSink {
 
     fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
-        if self.cfg.auth.as_deref() == Some("google") {
-            // Google Cloud Managed Service for Apache Kafka: TLS + OAUTHBEARER (overridable)
-            c.set("security.protocol", "SASL_SSL").set("sasl.mechanism", "OAUTHBEARER");
-        }
+        auth::auth_defaults(self.cfg.auth.as_deref(), &mut c);
         for (k, v) in &self.cfg.properties {
             c.set(k, v);
         }
@@ -171,19 +168,7 @@ impl KafkaSink {
         if let Some(c) = &self.context {
             return Ok(c.clone());
         }
-        let c = match self.cfg.auth.as_deref() {
-            Some("google") => {
-                let key_file = std::env::var("GOOGLE_APPLICATION_CREDENTIALS").ok();
-                let principal = self.cfg.principal.clone().or_else(|| key_file.as_deref().and_then(auth::key_file_principal)).ok_or_else(|| {
-                    Error::Config(vec![
-                        "kafka.principal: the service account e-mail OAUTHBEARER presents; set it, or GOOGLE_APPLICATION_CREDENTIALS to a key file"
-                            .into(),
-                    ])
-                })?;
-                KafkaContext::google(crate::auth::TokenSource::google(None), principal)
-            }
-            _ => KafkaContext::default(),
-        };
+        let c = auth::context_for(self.cfg.auth.as_deref(), self.cfg.principal.as_deref(), "kafka")?;
         self.context = Some(c.clone());
         Ok(c)
     }
