@@ -357,6 +357,18 @@ async fn ensure_topic(cfg: &ClusterConfig, topic: &str) -> Result<i32> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_groups_clients_take_auth_defaults_then_the_users_properties() {
+        let cfg: ClusterConfig = toml::from_str(
+            "bootstrap_servers = \"k:9092\"\ngroup = \"g\"\nauth = \"google\"\nproperties = { \"security.protocol\" = \"SASL_PLAINTEXT\" }\n",
+        )
+        .unwrap();
+        let c = client_config(&cfg);
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(c.get("security.protocol"), Some("SASL_PLAINTEXT"), "the user's properties win");
+        assert_eq!(c.get("bootstrap.servers"), Some("k:9092"));
+    }
+
     fn assignment(topics: &[(&str, &[i32])]) -> Vec<u8> {
         let mut b = vec![0u8, 1];
         b.extend((topics.len() as i32).to_be_bytes());

@@ -105,6 +105,19 @@ pub fn key_file_principal(path: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn auth_google_brings_tokens_and_sasl_defaults() {
+        assert!(context_for(None, None, "cluster").unwrap().google.is_none());
+        let g = context_for(Some("google"), Some("sa@p.iam.gserviceaccount.com"), "cluster").unwrap();
+        assert_eq!(g.google.as_ref().map(|g| g.principal.as_str()), Some("sa@p.iam.gserviceaccount.com"));
+        let mut c = rdkafka::config::ClientConfig::new();
+        auth_defaults(Some("google"), &mut c);
+        assert_eq!((c.get("security.protocol"), c.get("sasl.mechanism")), (Some("SASL_SSL"), Some("OAUTHBEARER")));
+        let mut plain = rdkafka::config::ClientConfig::new();
+        auth_defaults(None, &mut plain);
+        assert_eq!(plain.get("sasl.mechanism"), None);
+    }
+
     #[test]
     fn token_has_googles_shape() {
         let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
