@@ -17,8 +17,9 @@
 //! time (load, scan, write, commit, maintenance). Prints Markdown, writes
 //! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
 //!
-//! `cargo bench --bench maintenance [-- --commits 2000 --every 100 --modes on,no-compaction,off,position --name maintenance]`
-//! (`position`: maintenance on, `delete_mode = "position"`).
+//! `cargo bench --bench maintenance [-- --commits 2000 --every 100 --modes on,no-compaction,off,position --name maintenance
+//! --keep DIR]` (`position`: maintenance on, `delete_mode = "position"`; `--keep`: the targets stay in `DIR/target-<mode>`
+//! for `benches/spark_reads.py DIR`, Spark's read times against a compacted copy).
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -179,7 +180,10 @@ fn chart(title: &str, unit: &str, series: &[Series], x: (f64, f64), y: (f64, f64
 async fn main() {
     let commits = arg("--commits", 2000) as usize;
     let every = arg("--every", 100) as usize;
-    let dir = tempfile::tempdir().unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    // `--keep DIR`: the run's sources and targets stay in DIR (for `benches/spark_reads.py DIR`)
+    let root = std::env::args().skip_while(|a| a != "--keep").nth(1).map(std::path::PathBuf::from).unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&root).unwrap();
     // (name, colour, target settings)
     let all = [
         ("on", "#1b7f3b", "snapshot_retention = \"5s\"\nretain_snapshots = 10"),
@@ -195,7 +199,7 @@ async fn main() {
     let out_name = flag("--name").unwrap_or_else(|| "maintenance".into());
     let mut runs = Vec::new();
     for &(name, colour, extra) in modes {
-        let (samples, secs) = run(dir.path(), &name.replace(' ', "-"), extra, commits, every).await;
+        let (samples, secs) = run(&root, &name.replace(' ', "-"), extra, commits, every).await;
         runs.push((name, colour, samples, secs));
     }
 
@@ -209,7 +213,7 @@ async fn main() {
     let cells: [(&str, &Cell); 5] = [
         ("sync per commit P50 (s)", &|w| format!("{:.3}", pct(&seconds(w), 0.5))),
         ("sync per commit P99 (s)", &|w| format!("{:.3}", pct(&seconds(w), 0.99))),
-        ("syncs that expired / compacted inline", &|w| {
+        ("syncs that expired / compacted (or collected a background compaction)", &|w| {
             format!("{} / {}", w.iter().filter(|s| s.expired > 0).count(), w.iter().filter(|s| s.compact_seconds > 0.0).count())
         }),
         ("P99 of the other syncs (s)", &|w| {
