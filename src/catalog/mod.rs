@@ -181,9 +181,10 @@ impl Catalog {
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
-    /// one `stat`, a listing when the directory changed; sql: one row, read on the caller's task; hive, glue: one catalog call; REST: a conditional load answered `304 Not
-    /// Modified`, when the server sends ETags), so a poll that finds nothing new costs next to nothing. `Ok(None)`:
-    /// this catalog cannot tell cheaply (a REST server without ETags), or the table does not exist.
+    /// one `stat`, a listing when the directory changed; sql: one row, read on the caller's task; hive, glue: one
+    /// catalog call; REST: a conditional load answered `304 Not Modified`, when the server sends ETags), so a poll
+    /// that finds nothing new costs next to nothing. `Ok(None)`: this catalog cannot tell cheaply (a REST server
+    /// without ETags), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
         let ident = Self::ident(name)?;
         match self {

@@ -13,8 +13,10 @@
 //! its required head gone. Otherwise they stay (orphans at worst); deleting files a commit is about to reference
 //! would corrupt the target.
 //!
-//! After a commit, maintenance when due: expiry, the orphan sweep, and compaction — between commits for a one-shot
-//! sync and position-delete targets, in the background for the service's equality-delete targets. Every commit this
+//! Expiry, when due, rides on the commit (one more `remove-snapshots` update); what only the expired snapshots
+//! referenced is deleted after it lands — beside the next commits in the service. After a commit, maintenance when
+//! due: the orphan sweep and compaction — between commits for a one-shot sync and position-delete targets, in the
+//! background for the service's equality-delete targets. Every commit this
 //! sink makes, the applier's and the background compaction's, goes through one gate, so the two never race: the
 //! compaction commits between applier commits, and the applier's next commit builds on the table it left.
 use std::collections::{HashMap, HashSet};
@@ -59,7 +61,7 @@ pub struct IcebergSink {
     long_running: bool,
     /// The compaction running in the background, if one is.
     compaction: Option<tokio::task::JoinHandle<Background>>,
-    /// The deletion of what an expiry left unreferenced, running in the background (with `background`), if one is.
+    /// The deletion of what an expiry left unreferenced, running in the background (with `long_running`), if one is.
     deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
     /// Taken by whoever commits to the target from this sink — the applier's commits and the background
     /// compaction's — so that they never race each other. Holds the table a compaction's commit left behind, which
@@ -731,7 +733,8 @@ impl Sink for IcebergSink {
     }
 
     /// The table's metadata location, where the catalog tells it without loading the metadata; unknown while a
-    /// finished background compaction or deletion of expired files waits to be counted (the poll then reaches [`Sink::take_maintenance`]).
+    /// finished background compaction or deletion of expired files waits to be counted (the poll then reaches
+    /// [`Sink::take_maintenance`]).
     fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
         async move {
             if self.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.deletion.as_ref().is_some_and(|t| t.is_finished()) {
