@@ -117,6 +117,37 @@ async fn hadoop_table(wh: &Path, name: &str) -> Option<iceberg::table::Table> {
     Catalog::connect(&cfg.source.catalog, "t").await.ok()?.load_table(name).await.ok()
 }
 
+/// Seconds from each source snapshot in `commits` to the first snapshot of `target` whose recorded source sequence
+/// number reaches it (commits not applied yet are left out).
+fn latencies<'a>(commits: impl IntoIterator<Item = &'a iceberg::spec::SnapshotRef>, target: &iceberg::table::Table) -> Vec<f64> {
+    let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
+    commits
+        .into_iter()
+        .filter_map(|s| {
+            let hit = target_lineage.iter().find(|t| {
+                t.summary()
+                    .additional_properties
+                    .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|seq| seq >= s.sequence_number())
+            })?;
+            Some((hit.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0)
+        })
+        .collect()
+}
+
+/// Waits (up to `limit`) until `name` under the hadoop warehouse `wh` records progress at source snapshot `head` of
+/// the source with `uuid`.
+async fn wait_caught_up(wh: &Path, name: &str, uuid: &str, head: Option<i64>, limit: Duration, what: &str) {
+    let wait = Instant::now();
+    while hadoop_table(wh, name).await.and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), uuid)).map(|p| p.source_snapshot_id)
+        != head
+    {
+        assert!(wait.elapsed() < limit, "{what} did not catch up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -177,21 +208,7 @@ async fn main() {
     let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
     let source_lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
     let measured: Vec<_> = source_lineage.iter().skip_while(|s| Some(s.snapshot_id()) != first_measured).skip(1).collect();
-    let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
-    let mut lat = Vec::new();
-    for s in &measured {
-        // the first target snapshot whose recorded source sequence number reaches this snapshot's
-        let hit = target_lineage.iter().find(|t| {
-            t.summary()
-                .additional_properties
-                .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
-                .and_then(|v| v.parse::<i64>().ok())
-                .is_some_and(|seq| seq >= s.sequence_number())
-        });
-        if let Some(t) = hit {
-            lat.push((t.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0);
-        }
-    }
+    let mut lat = latencies(measured.iter().copied(), &target);
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     println!("### Service latency (poll 1 s, a source commit every {interval} s for {seconds} s)\n");
     println!("| commits | P50 s | P95 s | P99 s | max s |");
@@ -244,12 +261,13 @@ async fn main() {
     if let Some(mixed) = text_arg("--mixed") {
         let (idle_n, busy_n) = mixed.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--mixed IDLE,BUSY");
         let seconds = arg("--mixed-seconds", 60);
-        mixed_bench(dir.path(), &wh, table.metadata().current_snapshot_id(), idle_n, busy_n, idle_poll, seconds).await;
+        mixed_bench(dir.path(), &wh, &table, idle_n, busy_n, idle_poll, seconds).await;
     }
 }
 
 /// The mixed run (see the module docs).
-async fn mixed_bench(dir: &Path, wh: &Path, head: Option<i64>, idle_n: usize, busy_n: usize, idle_poll: u64, seconds: u64) {
+async fn mixed_bench(dir: &Path, wh: &Path, source: &iceberg::table::Table, idle_n: usize, busy_n: usize, idle_poll: u64, seconds: u64) {
+    let (idle_uuid, head) = (source.metadata().uuid().to_string(), source.metadata().current_snapshot_id());
     let mut busy_wh = Vec::new();
     let mut writers = Vec::new();
     for k in 0..busy_n {
@@ -269,24 +287,16 @@ async fn mixed_bench(dir: &Path, wh: &Path, head: Option<i64>, idle_n: usize, bu
     std::fs::write(&cfg, mixed_toml(wh, &tw, idle_n, idle_poll, &busy_wh, &metrics)).unwrap();
     let child = spawn(CDC, &cfg);
     let wait = Instant::now();
-    let idle_uuid = {
-        let scfg = Config::parse(&format!(
-            "[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
-            quickstart::TABLE,
-            wh.display()
-        ))
-        .unwrap();
-        Catalog::connect(&scfg.source.catalog, "s").await.unwrap().load_table(quickstart::TABLE).await.unwrap().metadata().uuid().to_string()
-    };
     for i in 0..idle_n {
-        loop {
-            let t = hadoop_table(&tw, &format!("replica.orders{i}")).await;
-            if t.and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &idle_uuid)).map(|p| p.source_snapshot_id) == head {
-                break;
-            }
-            assert!(wait.elapsed() < Duration::from_secs(900), "idle pipelines did not catch up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_caught_up(
+            &tw,
+            &format!("replica.orders{i}"),
+            &idle_uuid,
+            head,
+            Duration::from_secs(900).saturating_sub(wait.elapsed()),
+            "idle pipelines",
+        )
+        .await;
     }
     tokio::time::sleep(Duration::from_secs(2 * idle_poll)).await;
     // the writers: every 500 ms, 200 changed rows (150 inserts, 50 updates) into each busy source
@@ -352,30 +362,8 @@ async fn mixed_bench(dir: &Path, wh: &Path, head: Option<i64>, idle_n: usize, bu
         busy_commits += commits.len();
         let uuid = table.metadata().uuid().to_string();
         let name = format!("replica.busy{k}");
-        let wait = Instant::now();
-        while hadoop_table(&tw, &name)
-            .await
-            .and_then(|t| iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &uuid))
-            .map(|p| p.source_snapshot_id)
-            != table.metadata().current_snapshot_id()
-        {
-            assert!(wait.elapsed() < Duration::from_secs(120), "busy pipeline b{k} did not catch up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let target = hadoop_table(&tw, &name).await.unwrap();
-        let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
-        for s in &commits {
-            let hit = target_lineage.iter().find(|t| {
-                t.summary()
-                    .additional_properties
-                    .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .is_some_and(|seq| seq >= s.sequence_number())
-            });
-            if let Some(t) = hit {
-                lat.push((t.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0);
-            }
-        }
+        wait_caught_up(&tw, &name, &uuid, table.metadata().current_snapshot_id(), Duration::from_secs(120), &format!("busy pipeline b{k}")).await;
+        lat.extend(latencies(&commits, &hadoop_table(&tw, &name).await.unwrap()));
     }
     stop(child);
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -60,14 +60,14 @@ impl Membership {
     /// `cdc status` finds it.
     pub(crate) async fn join(cfg: &ClusterConfig, revoke_deadline: Duration, metrics_address: &str) -> Result<Membership> {
         let topic = cfg.topic();
-        let partitions = ensure_topic(cfg, &topic).await?;
+        let kafka = context_for(cfg)?;
+        let partitions = ensure_topic(cfg, &topic, kafka.clone()).await?;
         if partitions != cfg.partitions {
             tracing::warn!(topic = %topic, partitions, configured = cfg.partitions, "the control topic exists with another partition count; every instance uses the topic's");
         }
         let (tx, owned) = watch::channel(Owned::default());
         let (acks, acks_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let kafka = context_for(cfg)?;
         let context = GroupContext { owned: tx, acks: Mutex::new(acks_rx), stop: stop.clone(), revoke_deadline, kafka };
         let mut client = client_config(cfg);
         client
@@ -318,9 +318,9 @@ fn kafka_error(cfg: &ClusterConfig, what: &str, e: rdkafka::error::KafkaError) -
 }
 
 /// Creates the control topic when missing (replication: the brokers' default); returns its partition count.
-async fn ensure_topic(cfg: &ClusterConfig, topic: &str) -> Result<i32> {
+async fn ensure_topic(cfg: &ClusterConfig, topic: &str, context: KafkaContext) -> Result<i32> {
     let admin: AdminClient<KafkaContext> =
-        client_config(cfg).create_with_context(context_for(cfg)?).map_err(|e| kafka_error(cfg, "cannot create an admin client", e))?;
+        client_config(cfg).create_with_context(context).map_err(|e| kafka_error(cfg, "cannot create an admin client", e))?;
     let new = NewTopic::new(topic, cfg.partitions, TopicReplication::Fixed(-1));
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))).request_timeout(Some(Duration::from_secs(30)));
     let created = admin.create_topics([&new], &opts).await.map_err(|e| kafka_error(cfg, "cannot create the control topic", e))?;
