@@ -488,7 +488,8 @@ impl IcebergSink {
         if !self.cfg.expire_snapshots || self.deletion.as_ref().is_some_and(|t| !t.is_finished()) {
             return Vec::new();
         }
-        let retention = expire::Retention { max_age: self.cfg.snapshot_retention, min_snapshots: self.cfg.retain_snapshots };
+        // this commit's snapshot becomes the head: it is one of the `retain_snapshots`
+        let retention = expire::Retention { max_age: self.cfg.snapshot_retention, min_snapshots: self.cfg.retain_snapshots, new_head: true };
         let meta = target.metadata();
         expire::due_now(meta, &retention, false).unwrap_or_default().into_iter().filter_map(|id| meta.snapshot_by_id(id).cloned()).collect()
     }

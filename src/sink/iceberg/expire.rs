@@ -36,6 +36,9 @@ pub(crate) struct Retention {
     pub max_age: Duration,
     /// The newest snapshots of the main branch that stay whatever their age (at least 1: the head).
     pub min_snapshots: usize,
+    /// The expiry rides on a commit that gives main a new head: that head counts among the `min_snapshots`, so the
+    /// current history keeps one fewer — none with 1, the current head included.
+    pub new_head: bool,
 }
 
 /// What one expiry did.
@@ -82,7 +85,7 @@ pub(crate) fn plan(meta: &TableMetadata, refs: &[Ref], now_ms: i64, retention: &
     for r in refs {
         let history = crate::spec::lineage::ancestors(meta, Some(r.snapshot_id)).map(|s| s.snapshot_id());
         match (r.branch, r.name == "main") {
-            (true, true) => keep.extend(history.take(retention.min_snapshots.max(1))),
+            (true, true) => keep.extend(history.take(retention.min_snapshots.max(1) - usize::from(retention.new_head))),
             (true, false) => keep.extend(history),
             (false, _) => {
                 keep.insert(r.snapshot_id);
@@ -233,13 +236,17 @@ mod tests {
         let meta = table(&chain(10), serde_json::json!({"main": {"snapshot-id": 10, "type": "branch"}}), 10);
         let r = refs(&meta);
         assert_eq!(r, vec![Ref { name: "main".into(), snapshot_id: 10, branch: true }]);
-        let keep3 = Retention { max_age: Duration::ZERO, min_snapshots: 3 };
+        let keep3 = Retention { max_age: Duration::ZERO, min_snapshots: 3, new_head: false };
         assert_eq!(plan(&meta, &r, 100_000, &keep3), vec![1, 2, 3, 4, 5, 6, 7]);
         // the age decides too: snapshots of the last 5.5 s stay (6..10 are at 6 000..10 000 ms)
-        let young = Retention { max_age: Duration::from_millis(5_500), min_snapshots: 1 };
+        let young = Retention { max_age: Duration::from_millis(5_500), min_snapshots: 1, new_head: false };
         assert_eq!(plan(&meta, &r, 11_000, &young), vec![1, 2, 3, 4, 5]);
         // min_snapshots 0 still keeps the head
-        assert_eq!(plan(&meta, &r, 100_000, &Retention { max_age: Duration::ZERO, min_snapshots: 0 }), (1..10).collect::<Vec<_>>());
+        assert_eq!(plan(&meta, &r, 100_000, &Retention { max_age: Duration::ZERO, min_snapshots: 0, new_head: false }), (1..10).collect::<Vec<_>>());
+        // riding on a commit that moves main: its new head is one of the newest 3, and with 1 the current head goes too
+        assert_eq!(plan(&meta, &r, 100_000, &Retention { new_head: true, ..keep3 }), (1..=8).collect::<Vec<_>>());
+        let only_new = Retention { max_age: Duration::ZERO, min_snapshots: 1, new_head: true };
+        assert_eq!(plan(&meta, &r, 100_000, &only_new), (1..=10).collect::<Vec<_>>());
     }
 
     #[test]
@@ -253,7 +260,7 @@ mod tests {
                                "audit": {"snapshot-id": 7, "type": "branch"}}),
             6,
         );
-        let plan = plan(&meta, &refs(&meta), 100_000, &Retention { max_age: Duration::ZERO, min_snapshots: 1 });
+        let plan = plan(&meta, &refs(&meta), 100_000, &Retention { max_age: Duration::ZERO, min_snapshots: 1, new_head: false });
         assert_eq!(plan, vec![4, 5], "2 is tagged, 1..3 are the audit branch's history, 6 is main's head");
     }
 

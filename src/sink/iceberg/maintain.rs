@@ -89,7 +89,7 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
             table = catalog.load_table(&cfg.table).await?;
         }
     }
-    let retention = Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots };
+    let retention = Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots, new_head: false };
     match expire::expire(catalog, &table, &retention, true).await {
         Ok(Some((_, e))) => {
             out.snapshots_expired = e.snapshots;
