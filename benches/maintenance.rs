@@ -14,11 +14,13 @@
 //! Every `--every` commits it records: the metadata directory's bytes, the current metadata file's bytes, the
 //! current snapshot's manifests, the live delete files, and the time `cdc`'s own reader takes to read the whole
 //! target (iceberg-rust 0.10's scan stalls on tables with hundreds of delete files); per commit, the sync's wall
-//! time (load, scan, write, commit, maintenance). Prints Markdown, writes
+//! time (load, scan, write, commit, maintenance). After the last commit the source goes quiet and the sink rests as
+//! the service lets it after `compact_idle_after` (`Sink::rest`, polled until done): the target's shape at rest. Prints Markdown, writes
 //! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
 //!
 //! `cargo bench --bench maintenance [-- --commits 2000 --every 100 --modes on,no-compaction,off,position --name maintenance
-//! --keep DIR]` (`position`: maintenance on, `delete_mode = "position"`; `--keep`: the targets stay in `DIR/target-<mode>`
+//! --keep DIR]` (`position`: maintenance on, `delete_mode = "position"`; `--keep`: the targets stay in `DIR/target-<mode>`,
+//! and as they were before resting in `DIR/target-<mode>-streaming`
 //! for `benches/spark_reads.py DIR`, Spark's read times against a compacted copy).
 use std::fmt::Write as _;
 use std::path::Path;
@@ -90,8 +92,9 @@ struct Sync {
     manifests_merged: u64,
 }
 
-/// Runs `commits` source commits, each followed by a sync; returns the samples and each sync.
-async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) -> (Vec<Sample>, Vec<Sync>) {
+/// Runs `commits` source commits, each followed by a sync, then lets the sink rest; returns the samples, each sync and
+/// the target at rest (`keep`: a copy of the target before resting stays beside it).
+async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize, keep: bool) -> (Vec<Sample>, Vec<Sync>, Rested) {
     let qs = dir.join(format!("qs-{name}"));
     let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -145,7 +148,40 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize) 
             samples.push(sample(&cfg, &target, &table_dir, n).await);
         }
     }
-    (samples, seconds)
+    // the source goes quiet: what the service does once `compact_idle_after` has passed. The state before stays
+    // readable in `target-<name>-streaming` (its metadata points at this target's files, which resting keeps).
+    if keep {
+        let copy = dir.join(format!("target-{name}-streaming"));
+        let _ = std::fs::remove_dir_all(&copy);
+        assert!(Command::new("cp").arg("-a").arg(&tw).arg(&copy).status().unwrap().success());
+    }
+    let started = Instant::now();
+    let mut passes = 0;
+    loop {
+        // a full poll: the sink reloads the target and collects what finished
+        iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
+        let mut working = false;
+        for s in sinks.iter_mut() {
+            s.take_maintenance();
+            working |= s.rest().await.unwrap() == iceberg_cdc::sink::Rest::Working;
+        }
+        if !working {
+            break;
+        }
+        passes += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let rest = Rested { seconds: started.elapsed().as_secs_f64(), passes, sample: sample(&cfg, &target, &table_dir, commits).await };
+    (samples, seconds, rest)
+}
+
+/// The target after the source went quiet and the sink rested (see `Sink::rest`).
+struct Rested {
+    /// Wall time until the sink was done resting.
+    seconds: f64,
+    /// Polls the rest took while working.
+    passes: usize,
+    sample: Sample,
 }
 
 /// A chart's title and what it plots of a sample.
@@ -182,7 +218,9 @@ async fn main() {
     let every = arg("--every", 100) as usize;
     let temp = tempfile::tempdir().unwrap();
     // `--keep DIR`: the run's sources and targets stay in DIR (for `benches/spark_reads.py DIR`)
-    let root = std::env::args().skip_while(|a| a != "--keep").nth(1).map(std::path::PathBuf::from).unwrap_or_else(|| temp.path().to_path_buf());
+    let kept = std::env::args().skip_while(|a| a != "--keep").nth(1).map(std::path::PathBuf::from);
+    let keep = kept.is_some();
+    let root = kept.unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&root).unwrap();
     // (name, colour, target settings)
     let all = [
@@ -199,8 +237,8 @@ async fn main() {
     let out_name = flag("--name").unwrap_or_else(|| "maintenance".into());
     let mut runs = Vec::new();
     for &(name, colour, extra) in modes {
-        let (samples, secs) = run(&root, &name.replace(' ', "-"), extra, commits, every).await;
-        runs.push((name, colour, samples, secs));
+        let (samples, secs, rested) = run(&root, &name.replace(' ', "-"), extra, commits, every, keep).await;
+        runs.push((name, colour, samples, secs, rested));
     }
 
     let mode_names: Vec<&str> = runs.iter().map(|r| r.0).collect();
@@ -246,11 +284,18 @@ async fn main() {
     row("manifests of the current snapshot", &|x| x.manifests.to_string());
     row("live delete files", &|x| x.delete_files.to_string());
     row("full read of the target (cdc's reader)", &|x| format!("{:.3} s", x.read_seconds));
+    // the same once the source went quiet and the sink rested (`compact_idle_after`)
+    let rested: Vec<&Rested> = runs.iter().map(|r| &r.4).collect();
+    let row = |label: &str, f: &dyn Fn(&Rested) -> String| println!("| {label} | {} |", rested.iter().map(|r| f(r)).collect::<Vec<_>>().join(" | "));
+    row("at rest: live delete files", &|r| r.sample.delete_files.to_string());
+    row("at rest: manifests of the current snapshot", &|r| r.sample.manifests.to_string());
+    row("at rest: full read of the target (cdc's reader)", &|r| format!("{:.3} s", r.sample.read_seconds));
+    row("at rest: time to rest (polls)", &|r| format!("{:.2} s ({})", r.seconds, r.passes));
 
     let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches").join("results");
     std::fs::create_dir_all(&results).unwrap();
     let mut csv = String::from("mode,commit,metadata_dir_bytes,metadata_file_bytes,manifests,delete_files,read_seconds\n");
-    for (mode, _, samples, _) in &runs {
+    for (mode, _, samples, _, _) in &runs {
         for x in samples {
             let _ = writeln!(
                 csv,

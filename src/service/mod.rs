@@ -15,7 +15,9 @@
 //! source's and the sinks' metadata only (nothing when the cheap marks say nothing moved), and when the source has
 //! snapshots beyond a sink's recorded progress it calls the same runner as `cdc sync` ([`crate::pipeline::run`]),
 //! coalescing every new snapshot into one commit, at most one commit per
-//! `commit_interval`. Loops are isolated: a failing one (catalog down, table missing) retries with jittered
+//! `commit_interval`. Once every poll has found nothing to apply for a sink's [`Sink::rest_after`], the full poll
+//! lets the sinks rest ([`Sink::rest`]: an Iceberg target is compacted completely), once per quiet spell.
+//! Loops are isolated: a failing one (catalog down, table missing) retries with jittered
 //! exponential backoff and is reported; a permanent error (schema the target cannot follow, expired progress) stops
 //! that loop only, visibly, until a reload. A panicking loop is restarted; shared state is never poisoned.
 //!
@@ -49,7 +51,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::pipeline;
 use crate::sink::iceberg::progress;
-use crate::sink::Sink;
+use crate::sink::{Rest, Sink};
 use crate::spec::lineage;
 pub use config::Shard;
 use config::{Run, ServiceConfig};
@@ -405,6 +407,10 @@ struct Pipeline {
     /// The marks (source metadata location, then each sink's [`Sink::mark`]) of the last poll that found nothing to
     /// do.
     idle: Option<Vec<Option<String>>>,
+    /// Since when every poll has found nothing to apply (`None`: the last one found something).
+    idle_since: Option<Instant>,
+    /// Whether every sink answered [`Rest::Done`] since then.
+    rested: bool,
 }
 
 impl Pipeline {
@@ -418,9 +424,23 @@ impl Pipeline {
         Ok(marks)
     }
 
-    /// Whether `marks` say nothing moved since a poll found every sink caught up.
+    /// Whether `marks` say nothing moved since a poll found every sink caught up (and no sink's rest is due).
     fn still_idle(&self, marks: &[Option<String>]) -> bool {
-        marks.iter().all(Option::is_some) && self.idle.as_deref() == Some(marks)
+        marks.iter().all(Option::is_some) && self.idle.as_deref() == Some(marks) && !self.rest_due(Instant::now())
+    }
+
+    /// Whether the sinks' rest ([`Sink::rest`]) is due at `now`.
+    fn rest_due(&self, now: Instant) -> bool {
+        rest_due(self.idle_since, self.rested, self.sinks.iter().filter_map(|s| s.rest_after()).min(), now)
+    }
+}
+
+/// Whether the sinks' rest is due at `now`: every poll since `idle_since` found nothing to apply, for at least
+/// `after` (the shortest [`Sink::rest_after`]; `None`: no sink rests), and they have not `rested` since. Pure.
+fn rest_due(idle_since: Option<Instant>, rested: bool, after: Option<Duration>, now: Instant) -> bool {
+    match (idle_since, after) {
+        (Some(since), Some(after)) => !rested && now.saturating_duration_since(since) >= after,
+        _ => false,
     }
 }
 
@@ -450,7 +470,13 @@ async fn poll(
 ) -> Result<()> {
     if state.is_none() {
         let source = Catalog::shared(&cfg.source.catalog, "source").await?;
-        *state = Some(Pipeline { source, sinks: crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?, idle: None });
+        *state = Some(Pipeline {
+            source,
+            sinks: crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?,
+            idle: None,
+            idle_since: None,
+            rested: false,
+        });
     }
     let p = state.as_mut().expect("just connected");
     // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
@@ -477,6 +503,19 @@ async fn poll(
         if behind.len() > pending.len() {
             pending = behind;
         }
+    }
+    if pending.is_empty() {
+        p.idle_since.get_or_insert_with(Instant::now);
+        // caught up long enough: the sinks' maintenance that would cost latency while changes flow
+        if p.rest_due(Instant::now()) {
+            let mut working = false;
+            for s in p.sinks.iter_mut() {
+                working |= s.rest().await? == Rest::Working;
+            }
+            p.rested = !working;
+        }
+    } else {
+        (p.idle_since, p.rested) = (None, false);
     }
     if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
         let (secs, n) = lag(&pending);
@@ -571,4 +610,22 @@ pub async fn check(path: &Path) -> Result<bool> {
         runs.len() - failed
     );
     Ok(failed == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sinks_rest_once_per_quiet_spell_after_the_shortest_rest_after() {
+        let t0 = Instant::now();
+        let (s5, s6) = (Duration::from_secs(5), Duration::from_secs(6));
+        assert!(!rest_due(Some(t0), false, Some(s5), t0 + Duration::from_secs(4)), "not quiet long enough");
+        assert!(rest_due(Some(t0), false, Some(s5), t0 + s5));
+        assert!(!rest_due(Some(t0), true, Some(s5), t0 + s6), "rested since");
+        assert!(!rest_due(None, false, Some(s5), t0 + s6), "the last poll found something to apply");
+        assert!(!rest_due(Some(t0), false, None, t0 + s6), "no sink rests");
+        // quiet time is measured from `idle_since`, never before it
+        assert!(!rest_due(Some(t0 + s6), false, Some(s5), t0 + s6));
+    }
 }

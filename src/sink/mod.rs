@@ -171,6 +171,15 @@ pub enum Committed {
     Replan,
 }
 
+/// What a sink at rest is doing (see [`Sink::rest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rest {
+    /// Maintenance is under way: ask again at the next poll.
+    Working,
+    /// Nothing (more) to do until the sink has committed again.
+    Done,
+}
+
 /// Where a sink without recorded progress starts (when the run has no `--from`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Initial {
@@ -234,6 +243,17 @@ pub trait Sink: Send {
     /// for telemetry; a commit's own is in its [`CommitStats`].
     fn take_maintenance(&mut self) -> MaintenanceStats {
         MaintenanceStats::default()
+    }
+    /// How long the service must have found nothing to apply before [`Sink::rest`] is called (`None`: never).
+    fn rest_after(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Maintenance for a sink at rest — the service found nothing to apply for [`Sink::rest_after`] — that would
+    /// cost replication latency while changes flow. Called on the next polls again while it answers
+    /// [`Rest::Working`]; not again until after the next commit once it answered [`Rest::Done`]. What it did is
+    /// counted by [`Sink::take_maintenance`].
+    fn rest(&mut self) -> BoxFuture<'_, Result<Rest>> {
+        Box::pin(async { Ok(Rest::Done) })
     }
     /// Commit attempts repeated so far (conflicts, transient failures).
     fn retries(&self) -> u32;

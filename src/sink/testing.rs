@@ -89,6 +89,15 @@ impl Sink for PauseBeforeCommit {
     fn abort(&mut self) -> BoxFuture<'_, ()> {
         self.inner.abort()
     }
+    fn take_maintenance(&mut self) -> crate::sink::MaintenanceStats {
+        self.inner.take_maintenance()
+    }
+    fn rest_after(&self) -> Option<Duration> {
+        self.inner.rest_after()
+    }
+    fn rest(&mut self) -> BoxFuture<'_, Result<crate::sink::Rest>> {
+        self.inner.rest()
+    }
     fn retries(&self) -> u32 {
         self.inner.retries()
     }

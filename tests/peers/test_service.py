@@ -60,7 +60,7 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
         text += (f'\n[[pipelines]]\nname = "{name}"\nsource = {{ catalog = "lake", table = "db.{name}" }}\n\n'
                  f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "{targets[kind]}"\ntable = "svc.{name}"\nformat_version = {version}\n'
                  # compaction in the background after every 2 delete or small files (v2 targets; v3 are not compacted)
-                 'compact_delete_files = 2\ncompact_small_files = 2\n')
+                 'compact_delete_files = 2\ncompact_small_files = 2\ncompact_idle_after = "3s"\n')
     cfg.write_text(text)
     log = open(tmp_path / "service.log", "w")
     proc = subprocess.Popen([CDC, "run", "--config", str(cfg), "--log", "info"], stdout=subprocess.DEVNULL, stderr=log)
@@ -132,6 +132,24 @@ def test_service_follows_spark_writers(spark, warehouse, rest_catalog, sql_targe
                 counted[line.split('change_type="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
         want = {"INSERT": copied + count("INSERT"), "DELETE": count("DELETE"), "UPDATE": count("UPDATE_AFTER")}
         assert counted == want, (counted, want)
+        # the writers stopped: quiet for `compact_idle_after`, the v2 targets are compacted completely — no delete
+        # file left, so readers take their fastest path — and Spark still reads them equal to their sources
+        at_rest = {"live_cow_v2": ("hadoop", replica), "live_mor_v2": ("sql", sql_target)}
+        def head_summary(name):
+            kind, wh = at_rest[name]
+            p = tmp_path / f"rest-{name}.toml"
+            p.write_text(f'[source]\ntable = "svc.{name}"\n[source.catalog]\ntype = "{kind}"\nwarehouse = "{wh}"\n')
+            out = subprocess.run([CDC, "snapshots", "--config", str(p), "--json"], capture_output=True, text=True, check=True).stdout
+            return [json.loads(l) for l in out.splitlines() if l.strip()][-1]["summary"]
+        deadline = time.time() + 90
+        while time.time() < deadline and any(head_summary(n).get("total-delete-files") != "0" for n in at_rest):
+            time.sleep(1)
+        for name in at_rest:
+            assert head_summary(name).get("total-delete-files") == "0", (name, head_summary(name), (tmp_path / "service.log").read_text()[-4000:])
+        assert "at_rest=true" in (tmp_path / "service.log").read_text()
+        for name, _, _, kind in LIVE:
+            if name in at_rest:
+                assert canon(spark_reads[kind](name)) == canon(spark.table(f"{CAT}.db.{name}")), name
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)

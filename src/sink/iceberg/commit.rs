@@ -38,7 +38,7 @@ use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{compact, expire, progress, target};
-use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Sink, SourceInfo};
+use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Rest, Sink, SourceInfo};
 
 /// An Iceberg target table, with the catalog it lives in.
 pub struct IcebergSink {
@@ -69,6 +69,10 @@ pub struct IcebergSink {
     gate: Arc<tokio::sync::Mutex<Option<Table>>>,
     /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
     swept_at: Instant,
+    /// The file totals of the target when a compaction at rest last found nothing to do ([`Sink::rest`]).
+    rested_at: Option<compact::Mark>,
+    /// What compactions at rest did between commits (compacting inline), until [`Sink::take_maintenance`].
+    rest_stats: MaintenanceStats,
 }
 
 /// The commit being written.
@@ -106,6 +110,8 @@ impl IcebergSink {
             memory_budget,
             compact_mark: compact::Mark::default(),
             swept_at: Instant::now(),
+            rested_at: None,
+            rest_stats: MaintenanceStats::default(),
         })
     }
 
@@ -412,10 +418,18 @@ impl IcebergSink {
         if !compact::due(self.compact_mark, compact::Mark::of(&table), &policy) {
             return table;
         }
+        let (table, _) = self.compact_now(table, &policy, stats).await;
+        self.compact_mark = compact::Mark::of(&table);
+        table
+    }
+
+    /// One compaction of `table` under `policy`, here and now; returns the table as it is afterwards and whether
+    /// anything was compacted, and counts what it did in `stats`. Best effort, like [`Self::compact_when_due`].
+    async fn compact_now(&mut self, table: Table, policy: &compact::Policy, stats: &mut MaintenanceStats) -> (Table, bool) {
         let started = Instant::now();
-        let result = compact::compact(&self.catalog, &self.cfg, &table, &policy, self.memory_budget / 4).await;
+        let result = compact::compact(&self.catalog, &self.cfg, &table, policy, self.memory_budget / 4).await;
         stats.compact_seconds += started.elapsed().as_secs_f64();
-        let table = match result {
+        match result {
             Ok(Some((after, c))) => {
                 stats.compactions += 1;
                 stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
@@ -427,21 +441,15 @@ impl IcebergSink {
                 );
                 // rebased over another writer's commits: the next commit must meet them through its own conflict
                 // check (which compares progress), not start from a head that already holds them
-                if sits_on(&after, &table) {
-                    after
-                } else {
-                    table
-                }
+                (if sits_on(&after, &table) { after } else { table }, true)
             }
-            Ok(None) => table,
+            Ok(None) => (table, false),
             Err(e) => {
                 stats.compact_failures += 1;
                 tracing::warn!(table = %self.cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later");
-                table
+                (table, false)
             }
-        };
-        self.compact_mark = compact::Mark::of(&table);
-        table
+        }
     }
 
     /// Counts a finished background compaction in `stats`, and starts one on `table` when due and none runs (see
@@ -455,6 +463,13 @@ impl IcebergSink {
             return;
         }
         self.compact_mark = compact::Mark::of(table);
+        self.start_compaction(table, policy, false);
+    }
+
+    /// Starts a compaction of `table` under `policy` on its own task (see [`Self::compact_in_background`]);
+    /// `at_rest`: one of [`Sink::rest`]'s passes.
+    fn start_compaction(&mut self, table: &Table, policy: compact::Policy, at_rest: bool) {
+        let planned = compact::Mark::of(table);
         let (catalog, cfg, table, gate, budget) = (self.catalog.clone(), self.cfg.clone(), table.clone(), self.gate.clone(), self.memory_budget / 4);
         self.compaction = Some(tokio::spawn(async move {
             let _slot = compactions_at_once().acquire().await;
@@ -473,12 +488,12 @@ impl IcebergSink {
             match &result {
                 Ok(Some((_, c))) => tracing::info!(
                     table = %cfg.table, data_files = c.data_files_rewritten, delete_files = c.delete_files_removed,
-                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds, "compacted the target in the background"
+                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds, at_rest, "compacted the target in the background"
                 ),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(table = %cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later"),
             }
-            Background { result, seconds }
+            Background { result, seconds, rested_at: at_rest.then_some(planned) }
         }));
     }
 
@@ -538,17 +553,22 @@ impl IcebergSink {
     fn collect_compaction(&mut self, stats: &mut MaintenanceStats) {
         let Some(done) = self.compaction.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
         match done {
-            Ok(Background { result: Ok(Some((mark, c))), seconds }) => {
+            Ok(Background { result: Ok(Some((mark, c))), seconds, .. }) => {
                 stats.compactions += 1;
                 stats.compact_seconds += seconds;
                 stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
                 stats.bytes_rewritten += c.bytes_rewritten;
                 self.compact_mark = mark;
             }
-            Ok(Background { result: Ok(None), seconds }) => stats.compact_seconds += seconds,
-            Ok(Background { result: Err(_), seconds }) => {
+            // a pass at rest that found nothing to do (or failed) ends the rest until the table changes
+            Ok(Background { result: Ok(None), seconds, rested_at }) => {
+                stats.compact_seconds += seconds;
+                self.rested_at = rested_at.or(self.rested_at);
+            }
+            Ok(Background { result: Err(_), seconds, rested_at }) => {
                 stats.compact_seconds += seconds;
                 stats.compact_failures += 1;
+                self.rested_at = rested_at.or(self.rested_at);
             }
             Err(e) => {
                 stats.compact_failures += 1;
@@ -598,6 +618,8 @@ fn sits_on(compacted: &Table, head: &Table) -> bool {
 struct Background {
     result: Result<Option<(compact::Mark, compact::Compacted)>>,
     seconds: f64,
+    /// A pass at rest's ([`Sink::rest`]): the file totals of the table it planned on.
+    rested_at: Option<compact::Mark>,
 }
 
 /// Background compactions that rewrite at once in this process (half the cores, at least one): each holds a quarter
@@ -810,12 +832,46 @@ impl Sink for IcebergSink {
         .boxed()
     }
 
-    /// A background compaction that finished since the last commit or the last call.
+    /// A background compaction that finished since the last commit or the last call, and the compactions at rest.
     fn take_maintenance(&mut self) -> MaintenanceStats {
-        let mut stats = MaintenanceStats::default();
+        let mut stats = std::mem::take(&mut self.rest_stats);
         self.collect_compaction(&mut stats);
         self.collect_deletion(&mut stats);
         stats
+    }
+
+    fn rest_after(&self) -> Option<std::time::Duration> {
+        (self.cfg.compact && !self.cfg.compact_idle_after.is_zero()).then_some(self.cfg.compact_idle_after)
+    }
+
+    /// Compacts the target completely (`compact::Policy::at_rest`), a pass per call — in the background where
+    /// the service compacts there, here otherwise — until a pass finds nothing to do on the table as it is.
+    fn rest(&mut self) -> BoxFuture<'_, Result<Rest>> {
+        async move {
+            if self.compaction.is_some() {
+                return Ok(Rest::Working); // running, or finished and waiting for `take_maintenance`
+            }
+            let Some(table) = self.table.clone().filter(|_| self.cfg.compact) else { return Ok(Rest::Done) };
+            let mark = compact::Mark::of(&table);
+            if self.rested_at == Some(mark) || mark.delete_files == 0 && mark.data_files < 2 {
+                return Ok(Rest::Done);
+            }
+            let policy = compact::Policy::at_rest(&self.cfg);
+            if self.background {
+                self.start_compaction(&table, policy, true);
+                return Ok(Rest::Working);
+            }
+            let mut stats = std::mem::take(&mut self.rest_stats);
+            let (table, compacted) = self.compact_now(table, &policy, &mut stats).await;
+            self.rest_stats = stats;
+            if !compacted {
+                self.rested_at = Some(compact::Mark::of(&table));
+            }
+            self.compact_mark = compact::Mark::of(&table);
+            self.table = Some(table);
+            Ok(if compacted { Rest::Working } else { Rest::Done })
+        }
+        .boxed()
     }
 
     fn retries(&self) -> u32 {

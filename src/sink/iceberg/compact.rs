@@ -67,7 +67,12 @@ impl Policy {
     }
     /// `cdc maintain`'s: any delete file or two small files in a group, no byte bound.
     pub(crate) fn thorough(cfg: &TargetConfig) -> Self {
-        Policy { min_delete_files: 1, min_small_files: 2, max_bytes: u64::MAX, ..Policy::of(cfg) }
+        Policy { max_bytes: u64::MAX, ..Policy::at_rest(cfg) }
+    }
+    /// A target at rest's (see `compact_idle_after`): as thorough as `cdc maintain`'s, a pass bounded like one
+    /// after commits.
+    pub(crate) fn at_rest(cfg: &TargetConfig) -> Self {
+        Policy { min_delete_files: 1, min_small_files: 2, ..Policy::of(cfg) }
     }
 }
 
@@ -477,6 +482,21 @@ mod tests {
         assert_eq!(plan(&data, 3, &P), Plan { rewrite: vec![], drop_deletes: vec![0, 1, 2] });
         // a lone small file is never rewritten into itself
         assert_eq!(plan(&[c(0, 10, &[])], 0, &Policy { min_small_files: 2, ..P }), Plan::default());
+    }
+
+    #[test]
+    fn at_rest_one_delete_file_or_two_small_files_are_enough_within_the_same_byte_bound() {
+        let cfg: TargetConfig =
+            toml::from_str("table = \"t\"\ncompact_max_bytes = \"1KiB\"\n[catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n").unwrap();
+        let rest = Policy::at_rest(&cfg);
+        assert_eq!((rest.min_delete_files, rest.min_small_files, rest.max_bytes), (1, 2, 1024));
+        assert_eq!(Policy::thorough(&cfg).max_bytes, u64::MAX);
+        let small = rest.small_below / 2;
+        // one delete file on one small file: nothing after commits, all of it at rest
+        let data = [c(0, small, &[0])];
+        assert_eq!(plan(&data, 1, &Policy::of(&cfg)), Plan::default());
+        assert_eq!(plan(&data, 1, &rest), Plan { rewrite: vec![0], drop_deletes: vec![0] });
+        assert_eq!(plan(&[c(0, 10, &[]), c(0, 10, &[])], 0, &rest).rewrite, vec![0, 1]);
     }
 
     /// The quickstart's table (equality deletes for every update and delete) with `commits` more, and its catalog
