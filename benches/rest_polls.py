@@ -197,7 +197,7 @@ def main():
         subprocess.run(["bash", os.path.join(ROOT, "scripts", "rest-catalog.sh"), "stop", rest_dir])
         shutil.rmtree(work, ignore_errors=True)
     print(f"### Idle polls on a REST catalog ({a.tables} caught-up pipelines sharing one source, poll {a.poll} s, {a.seconds} s)\n")
-    print("| server | polls | requests per poll | response bytes per poll | requests by kind |")
+    print("| server | polls | requests per poll | response body bytes per poll | requests by kind |")
     print("|---|---:|---:|---:|---|")
     for label, polls, req, b, detail in rows:
         print(f"| {label} | {polls:.0f} | {req:.2f} | {b:,.0f} | {detail} |")

@@ -10,11 +10,12 @@
 //! - Mixed (`--mixed IDLE,BUSY`): IDLE caught-up pipelines at poll `--idle-poll` beside BUSY pipelines, each
 //!   following its own source (poll 1 s) that a writer commits 200 changed rows to every 500 ms, for
 //!   `--mixed-seconds`. Reported: the longest gap between two polls of any idle pipeline (from `cdc_polls` scraped
-//!   every 2 s, so ±2 s), how many idle pipelines ever went longer than two poll intervals without a poll, the most
-//!   loops `cdc_pipeline_overdue` counted at once, the busy pipelines' latency (P50/P99) and the service's CPU.
+//!   every `--scrape-every` s, default 2, so ± that; scraping 5 000 pipelines' metrics costs CPU of its own), how
+//!   many idle pipelines ever went longer than two poll intervals without a poll, the most loops
+//!   `cdc_pipeline_overdue` counted at once, the busy pipelines' latency (P50/P99) and the service's CPU.
 //!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC --mixed 5000,5 --mixed-seconds 60]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --mixed 5000,5 --mixed-seconds 60 --scrape-every 2]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -261,12 +262,21 @@ async fn main() {
     if let Some(mixed) = text_arg("--mixed") {
         let (idle_n, busy_n) = mixed.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--mixed IDLE,BUSY");
         let seconds = arg("--mixed-seconds", 60);
-        mixed_bench(dir.path(), &wh, &table, idle_n, busy_n, idle_poll, seconds).await;
+        let scrape_every = Duration::from_secs(arg("--scrape-every", 2).max(1));
+        mixed_bench(dir.path(), &wh, &table, (idle_n, busy_n), idle_poll, seconds, scrape_every).await;
     }
 }
 
 /// The mixed run (see the module docs).
-async fn mixed_bench(dir: &Path, wh: &Path, source: &iceberg::table::Table, idle_n: usize, busy_n: usize, idle_poll: u64, seconds: u64) {
+async fn mixed_bench(
+    dir: &Path,
+    wh: &Path,
+    source: &iceberg::table::Table,
+    (idle_n, busy_n): (usize, usize),
+    idle_poll: u64,
+    seconds: u64,
+    scrape_every: Duration,
+) {
     let (idle_uuid, head) = (source.metadata().uuid().to_string(), source.metadata().current_snapshot_id());
     let mut busy_wh = Vec::new();
     let mut writers = Vec::new();
@@ -346,7 +356,7 @@ async fn mixed_bench(dir: &Path, wh: &Path, source: &iceberg::table::Table, idle
             }
         }
         overdue_max = overdue_max.max(by_pipeline(&page, "cdc_pipeline_overdue").values().sum());
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(scrape_every).await;
     }
     // pipelines that never polled again since the first scrape count with the whole run as their gap
     for (p, (_, at)) in &last {

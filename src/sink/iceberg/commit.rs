@@ -37,7 +37,7 @@ use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
-use crate::sink::iceberg::{compact, expire, progress, target};
+use crate::sink::iceberg::{compact, expire, maintain, progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Rest, Sink, SourceInfo};
 
 /// An Iceberg target table, with the catalog it lives in.
@@ -475,7 +475,18 @@ impl IcebergSink {
             let _slot = compactions_at_once().acquire().await;
             let started = Instant::now();
             let result = async {
-                let Some(rewritten) = compact::rewrite(&cfg, &table, &policy, budget).await? else { return Ok(None) };
+                let Some(rewritten) = compact::rewrite(&cfg, &table, &policy, budget).await? else {
+                    if at_rest {
+                        // nothing (more) to compact: a target at rest gets its manifests merged too
+                        let mut gate = gate.lock().await;
+                        let now = catalog.load_table(&cfg.table).await?;
+                        let after = maintain::rewrite_manifests(&catalog, &cfg, now.clone()).await?;
+                        if after.metadata().current_snapshot_id() != now.metadata().current_snapshot_id() {
+                            *gate = Some(after);
+                        }
+                    }
+                    return Ok(None);
+                };
                 let mut gate = gate.lock().await;
                 let now = catalog.load_table(&cfg.table).await?;
                 let Some((after, c)) = compact::commit(&catalog, &cfg, rewritten, now).await? else { return Ok(None) };
@@ -845,7 +856,8 @@ impl Sink for IcebergSink {
     }
 
     /// Compacts the target completely (`compact::Policy::at_rest`), a pass per call — in the background where
-    /// the service compacts there, here otherwise — until a pass finds nothing to do on the table as it is.
+    /// the service compacts there, here otherwise — until a pass finds nothing to do on the table as it is; then
+    /// merges its manifests (as `cdc maintain` does), and the rest is over.
     fn rest(&mut self) -> BoxFuture<'_, Result<Rest>> {
         async move {
             if self.compaction.is_some() {
@@ -862,9 +874,14 @@ impl Sink for IcebergSink {
                 return Ok(Rest::Working);
             }
             let mut stats = std::mem::take(&mut self.rest_stats);
-            let (table, compacted) = self.compact_now(table, &policy, &mut stats).await;
+            let (mut table, compacted) = self.compact_now(table, &policy, &mut stats).await;
             self.rest_stats = stats;
             if !compacted {
+                // nothing (more) to compact: the manifests are merged too, and the rest is over
+                match maintain::rewrite_manifests(&self.catalog, &self.cfg, table.clone()).await {
+                    Ok(t) => table = t,
+                    Err(e) => tracing::warn!(table = %self.cfg.table, error = %e, "merging the manifests of a target at rest failed"),
+                }
                 self.rested_at = Some(compact::Mark::of(&table));
             }
             self.compact_mark = compact::Mark::of(&table);
