@@ -63,8 +63,9 @@ pub struct IcebergSink {
     compaction: Option<tokio::task::JoinHandle<Background>>,
     /// The deletion of what an expiry left unreferenced, running in the background (with `long_running`), if one is.
     deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
-    /// Taken by whoever commits to the target from this sink — the applier's commits and the background
-    /// compaction's — so that they never race each other. Holds the table a compaction's commit left behind, which
+    /// Taken by whoever commits to the target from this process — the applier's commits and the background
+    /// compaction's, of this sink and any other writing the same table ([`gate_for`]) — so that they never race
+    /// each other. Holds the table a compaction's commit left behind, which
     /// the applier's next commit builds on (instead of conflicting with it).
     gate: Arc<tokio::sync::Mutex<Option<Table>>>,
     /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
@@ -98,7 +99,7 @@ impl IcebergSink {
             long_running: lifetime == Lifetime::LongRunning,
             compaction: None,
             deletion: None,
-            gate: Arc::default(),
+            gate: gate_for(&cfg),
             catalog,
             cfg,
             table: None,
@@ -625,6 +626,24 @@ fn sits_on(compacted: &Table, head: &Table) -> bool {
     compacted.metadata().current_snapshot().and_then(|s| s.parent_snapshot_id()) == head.metadata().current_snapshot_id()
 }
 
+/// The gate of `cfg`'s target table, shared by every sink of this process that writes it while any holds it: after
+/// a configuration reload the new sink's commits wait for a background compaction the old one left running, and two
+/// pipelines writing one table never race each other's commits.
+fn gate_for(cfg: &TargetConfig) -> Arc<tokio::sync::Mutex<Option<Table>>> {
+    use std::sync::{Mutex, OnceLock, Weak};
+    type Gate = tokio::sync::Mutex<Option<Table>>;
+    static GATES: OnceLock<Mutex<HashMap<String, Weak<Gate>>>> = OnceLock::new();
+    let key = format!("{:?}\u{0}{}", cfg.catalog, cfg.table);
+    let mut gates = GATES.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner());
+    gates.retain(|_, g| g.strong_count() > 0);
+    if let Some(g) = gates.get(&key).and_then(Weak::upgrade) {
+        return g;
+    }
+    let g = Arc::new(Gate::default());
+    gates.insert(key, Arc::downgrade(&g));
+    g
+}
+
 /// What a background compaction did, and how long it took.
 struct Background {
     result: Result<Option<(compact::Mark, compact::Compacted)>>,
@@ -923,6 +942,21 @@ mod tests {
         assert!(!may_still_land(&attempt(8, None, false), None));
         // on an empty target the head is None, the parent an attempt requires too
         assert!(may_still_land(&attempt(9, None, true), Some(&state(None, &[]))));
+    }
+
+    #[test]
+    fn sinks_of_one_target_share_its_gate_while_any_holds_it() {
+        let cfg = |table: &str| -> TargetConfig {
+            toml::from_str(&format!("table = \"{table}\"\n[catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n")).unwrap()
+        };
+        let (a, b) = (gate_for(&cfg("ns.gate_a")), gate_for(&cfg("ns.gate_a")));
+        assert!(Arc::ptr_eq(&a, &b), "a reloaded sink waits for the old one's compaction");
+        assert!(!Arc::ptr_eq(&a, &gate_for(&cfg("ns.gate_b"))), "other tables do not wait");
+        let other_catalog: TargetConfig = toml::from_str("table = \"ns.gate_a\"\n[catalog]\ntype = \"hadoop\"\nwarehouse = \"/v\"\n").unwrap();
+        assert!(!Arc::ptr_eq(&a, &gate_for(&other_catalog)));
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "no sink holds it: it goes");
     }
 
     #[test]
