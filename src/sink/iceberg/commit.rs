@@ -16,9 +16,10 @@
 //! Expiry, when due, rides on the commit (one more `remove-snapshots` update); what only the expired snapshots
 //! referenced is deleted after it lands — beside the next commits in the service. After a commit, maintenance when
 //! due: the orphan sweep and compaction — between commits for a one-shot sync and position-delete targets, in the
-//! background for the service's equality-delete targets. Every commit this
-//! sink makes, the applier's and the background compaction's, goes through one gate, so the two never race: the
-//! compaction commits between applier commits, and the applier's next commit builds on the table it left.
+//! background for the service's equality-delete targets. A target at rest (the service found nothing to apply for
+//! `compact_idle_after`) is compacted completely and its manifests merged ([`Sink::rest`]). Every commit to one table
+//! from this process, the applier's and the background compaction's, goes through one gate, so the two never race:
+//! the compaction commits between applier commits, and the applier's next commit builds on the table it left.
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,8 +66,8 @@ pub struct IcebergSink {
     deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
     /// Taken by whoever commits to the target from this process — the applier's commits and the background
     /// compaction's, of this sink and any other writing the same table ([`gate_for`]) — so that they never race
-    /// each other. Holds the table a compaction's commit left behind, which
-    /// the applier's next commit builds on (instead of conflicting with it).
+    /// each other. Holds the table a compaction's commit left behind, which the applier's next commit builds on
+    /// (instead of conflicting with it).
     gate: Arc<tokio::sync::Mutex<Option<Table>>>,
     /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
     swept_at: Instant,
@@ -884,7 +885,7 @@ impl Sink for IcebergSink {
             }
             let Some(table) = self.table.clone().filter(|_| self.cfg.compact) else { return Ok(Rest::Done) };
             let mark = compact::Mark::of(&table);
-            if self.rested_at == Some(mark) || mark.delete_files == 0 && mark.data_files < 2 {
+            if self.rested_at == Some(mark) {
                 return Ok(Rest::Done);
             }
             let policy = compact::Policy::at_rest(&self.cfg);
