@@ -35,6 +35,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "peers"))
+from conftest import free_port  # noqa: E402
 TABLE_PATH = re.compile(r"^/v1/(?:[^/]+/)?namespaces/[^/]+/tables/[^/?]+(\?.*)?$")
 
 
@@ -108,29 +110,13 @@ def make_proxy(upstream_port, counts, mode):
     return server
 
 
-def polls_total(port):
+def metric_values(port, family):
+    """The values of `family`'s series on the service's `/metrics` (None when it does not answer)."""
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except OSError:
         return None
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("cdc_polls_total{"))
-
-
-def lags(port):
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return None
-    return [float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("cdc_replication_lag_snapshots{")]
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return [float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(family + "{")]
 
 
 def main():
@@ -172,7 +158,7 @@ def main():
             try:
                 deadline = time.time() + 300
                 while time.time() < deadline:
-                    lag = lags(port)
+                    lag = metric_values(port, "cdc_replication_lag_snapshots")
                     if lag and len(lag) == a.tables and all(v == 0 for v in lag):
                         break
                     time.sleep(0.5)
@@ -180,9 +166,9 @@ def main():
                     sys.exit(f"the service did not catch up; see {cfg}.log")
                 time.sleep(3 * a.poll)  # every loop has had an idle poll that remembered its marks
                 counts.reset()
-                p0 = polls_total(port)
+                p0 = sum(metric_values(port, "cdc_polls_total"))
                 time.sleep(a.seconds)
-                p1 = polls_total(port)
+                p1 = sum(metric_values(port, "cdc_polls_total"))
                 got = counts.snapshot()
             finally:
                 proc.send_signal(signal.SIGTERM)
