@@ -576,6 +576,9 @@ impl IcebergSink {
             // a pass at rest that found nothing to do (or failed) ends the rest until the table changes
             Ok(Background { result: Ok(None), seconds, rested_at }) => {
                 stats.compact_seconds += seconds;
+                if rested_at.is_some() {
+                    tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
+                }
                 self.rested_at = rested_at.or(self.rested_at);
             }
             Ok(Background { result: Err(_), seconds, rested_at }) => {
@@ -902,6 +905,7 @@ impl Sink for IcebergSink {
                     Ok(t) => table = t,
                     Err(e) => tracing::warn!(table = %self.cfg.table, error = %e, "merging the manifests of a target at rest failed"),
                 }
+                tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
                 self.rested_at = Some(compact::Mark::of(&table));
             }
             self.compact_mark = compact::Mark::of(&table);
