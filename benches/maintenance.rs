@@ -19,7 +19,7 @@
 //! `benches/results/maintenance.csv` and `benches/results/maintenance.svg` (both copied into README.md).
 //!
 //! `cargo bench --bench maintenance [-- --commits 2000 --every 100 --modes on,no-compaction,off,position --name maintenance
-//! --keep DIR]` (`position`: maintenance on, `delete_mode = "position"`; `--keep`: the targets stay in `DIR/target-<mode>`,
+//! --window 100 --keep DIR]` (`--window`: how many commits the first and last columns compare; `position`: maintenance on, `delete_mode = "position"`; `--keep`: the targets stay in `DIR/target-<mode>`,
 //! and as they were before resting in `DIR/target-<mode>-streaming`
 //! for `benches/spark_reads.py DIR`, Spark's read times against a compacted copy).
 use std::fmt::Write as _;
@@ -243,8 +243,11 @@ async fn main() {
 
     let mode_names: Vec<&str> = runs.iter().map(|r| r.0).collect();
     println!("### {commits} streaming commits into a filesystem target: {}\n", mode_names.join(", "));
-    let window = |v: &[Sync], last: bool| if last { v[v.len().saturating_sub(100)..].to_vec() } else { v[..v.len().min(100)].to_vec() };
-    let header: Vec<String> = runs.iter().map(|r| format!("{}: first 100 | {}: last 100", r.0, r.0)).collect();
+    // `--window N`: the commits the first and last columns take (100; a P99 of 100 syncs is their worst two, so long
+    // runs compare wider windows too)
+    let w = flag("--window").and_then(|v| v.parse::<usize>().ok()).unwrap_or(100).max(1);
+    let window = |v: &[Sync], last: bool| if last { v[v.len().saturating_sub(w)..].to_vec() } else { v[..v.len().min(w)].to_vec() };
+    let header: Vec<String> = runs.iter().map(|r| format!("{}: first {w} | {}: last {w}", r.0, r.0)).collect();
     println!("| | {} |\n|---|{}", header.join(" | "), "---:|".repeat(2 * runs.len()));
     // the tail, taken apart: which syncs expired or compacted inline, and the P99 of those that did neither
     type Cell = dyn Fn(&[Sync]) -> String;

@@ -22,6 +22,9 @@ pub struct FileEntry {
     pub spec_id: i32,
     /// Whether `spec_id` is an unpartitioned spec (equality deletes then apply globally).
     pub unpartitioned: bool,
+    /// The `_row_id` of the file's first row (format v3 row lineage; inherited from the manifest when the entry left
+    /// it null): a row not stored with one has this plus its position. `None` outside v3 and for delete files.
+    pub first_row_id: Option<i64>,
 }
 
 impl FileEntry {
@@ -62,7 +65,7 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
         let file_io = file_io.clone();
         async move {
             let m = mf.load_manifest(&file_io).await.map_err(|e| Error::data(mf.manifest_path.clone(), e))?;
-            Ok::<_, Error>((mf.partition_spec_id, m))
+            Ok::<_, Error>((mf.partition_spec_id, mf.content == iceberg::spec::ManifestContentType::Data, mf.first_row_id, m))
         }
     }))
     .buffer_unordered(concurrency.max(1))
@@ -71,14 +74,22 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 
     let sid = snapshot.snapshot_id();
     let mut out = SnapshotFiles::default();
-    for (spec_id, manifest) in manifests {
+    let v3 = meta.format_version() >= iceberg::spec::FormatVersion::V3;
+    for (spec_id, data_manifest, first_row_id, manifest) in manifests {
         let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
-        for entry in manifest.entries() {
+        let row_ids = match v3 && data_manifest {
+            true => crate::spec::row_lineage::inherit(
+                first_row_id,
+                manifest.entries().iter().map(|e| (e.is_alive(), e.data_file().first_row_id(), e.data_file().record_count())),
+            ),
+            false => vec![None; manifest.entries().len()],
+        };
+        for (entry, first_row_id) in manifest.entries().iter().zip(row_ids) {
             let seq = entry
                 .sequence_number()
                 .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
             check_format(entry.data_file())?;
-            let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned });
+            let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned, first_row_id });
             let is_data = entry.content_type() == DataContentType::Data;
             let (before, after) = match entry.status() {
                 ManifestStatus::Deleted if entry.snapshot_id() == Some(sid) => (true, false),
@@ -216,7 +227,7 @@ mod tests {
     #[test]
     fn a_position_delete_file_applies_only_within_its_file_path_bounds() {
         let id = crate::spec::POS_DELETE_FILE_PATH_ID;
-        let entry = |file: DataFile, seq| FileEntry { file, seq, spec_id: 0, unpartitioned: true };
+        let entry = |file: DataFile, seq| FileEntry { file, seq, spec_id: 0, unpartitioned: true, first_row_id: None };
         let mut b = DataFileBuilder::default();
         b.content(DataContentType::PositionDeletes)
             .file_path("d.parquet".to_string())

@@ -5,6 +5,7 @@ pub(crate) mod dv;
 pub mod lineage;
 pub(crate) mod name_mapping;
 pub(crate) mod projection;
+pub(crate) mod row_lineage;
 pub(crate) mod rowenc;
 
 /// Reserved field ids of position-delete files (Iceberg spec): `file_path` and `pos`.

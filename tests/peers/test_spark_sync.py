@@ -469,24 +469,57 @@ def test_replication_continues_after_the_owners_maintenance(spark, spark_tables,
 def test_merged_manifests_read_the_same_in_spark(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind, version):
     """The owner sets Java's `commit.manifest.min-count-to-merge` low on the target; cdc honors it: its commits merge
     the small manifests (entries kept with their sequence numbers). Spark reads the target equal to the source after
-    every commit, the current snapshot keeps fewer manifests per content than the threshold (v3 data manifests
-    excepted: row lineage), and the snapshot summaries record the merges."""
+    every commit, the current snapshot keeps fewer manifests per content than the threshold, and the snapshot
+    summaries record the merges. On v3, row lineage survives the merges: a row no commit since rewrote keeps the
+    `_row_id` and `_last_updated_sequence_number` Spark read before (a merge that dropped the inherited first row ids
+    would renumber them)."""
     src = f"{CAT}.db.{name}"
     section, tgt = target_section(kind, f"merge_{kind}.{name}", warehouse, rest_catalog, sql_target, f"format_version = {version}")
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
     snaps = lineage(spark, src)
     run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
     spark.sql(f"ALTER TABLE {tgt} SET TBLPROPERTIES ('commit.manifest.min-count-to-merge'='3')")
+    rows = RowLineage(spark, tgt, cols_at(spark, src, snaps[0])[0]) if version == 3 else None
     for sid in snaps[1:]:
         run_cdc("sync", "--config", cfg, "--to-snapshot", str(sid))
         spark.sql(f"REFRESH TABLE {tgt}")
         assert_replica(spark, src, tgt, cols_at(spark, src, sid), sid)
+        if rows:
+            rows.check()
     counts = {r[0]: r[1] for r in spark.sql(f"SELECT content, count(*) FROM {tgt}.manifests GROUP BY content").collect()}
     assert counts.get(1, 0) < 3, counts
-    if version == 2:
-        assert counts.get(0, 0) < 3, counts
+    assert counts.get(0, 0) < 3, counts
+    if rows:
+        assert rows.kept > 0, "no row outlived a commit: the lineage check checked nothing"
     replaced = [r[0] for r in spark.sql(f"SELECT summary['manifests-replaced'] FROM {tgt}.snapshots").collect() if r[0]]
     assert replaced, "no commit merged manifests"
+
+
+class RowLineage:
+    """Row lineage of a v3 target as Spark reads it: key → (`_row_id`, `_last_updated_sequence_number`). `check()`
+    after each step: every row is a distinct `_row_id`, and a row the step did not write (its sequence number is
+    not above the newest one before the step) kept both values — a merge or rewrite that lost the inherited row ids
+    would renumber them."""
+
+    def __init__(self, spark, tgt, key):
+        self.spark, self.tgt, self.key, self.kept = spark, tgt, key, 0
+        self.ids = self.read()
+
+    def read(self):
+        rows = self.spark.sql(f"SELECT {self.key}, _row_id, _last_updated_sequence_number FROM {self.tgt}").collect()
+        assert all(r[1] is not None and r[2] is not None for r in rows), "a row without lineage"
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def check(self):
+        self.spark.sql(f"REFRESH TABLE {self.tgt}")
+        now = self.read()
+        assert len({r for r, _ in now.values()}) == len(now), "two rows share a _row_id"
+        newest = max((s for _, s in self.ids.values()), default=-1)
+        untouched = {k: v for k, v in now.items() if v[1] <= newest}
+        changed = {k: (self.ids.get(k), v) for k, v in untouched.items() if self.ids.get(k) != v}
+        assert not changed, f"row lineage changed (before, after): {changed}"
+        self.kept += len(untouched)
+        self.ids = now
 
 
 def operations_and_delete_files(spark, tgt):
@@ -523,32 +556,42 @@ def pyiceberg_keys(kind, table, warehouse, rest_uri, sql_dir):
     return sorted((r["id"], r["name"]) for r in t.scan().to_arrow().to_pylist())
 
 
-@pytest.mark.parametrize("name,kind", [("part_v2", "rest"), ("mor_v2", "sql"), ("cow_v2", "hadoop")])
-def test_compacted_target_reads_the_same_in_spark(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind):
+@pytest.mark.parametrize(
+    "name,kind,version", [("part_v2", "rest", 2), ("mor_v2", "sql", 2), ("cow_v2", "hadoop", 2), ("mor_v3", "hadoop", 3), ("part_cow_v3", "rest", 3)]
+)
+def test_compacted_target_reads_the_same_in_spark(spark, spark_tables, warehouse, rest_catalog, sql_target, tmp_path, name, kind, version):
     """Compaction after commits, with thresholds of 2 files: cdc follows the source commit by commit and compacts
     the target between commits (`replace` snapshots that rewrite data files with their deletes applied and drop the
     delete files). Spark reads the target equal to the source after every commit; `replace` snapshots are in its
     history; then `cdc maintain` compacts whatever deletes are left, so Spark finds no delete file at all, the
-    target still reads equal, and pyiceberg 0.12 reads it too (the same rows as Spark); a last sync after it resumes
-    and changes nothing."""
+    target still reads equal, and pyiceberg 0.12 reads a v2 target too (the same rows as Spark); a last sync after
+    it resumes and changes nothing. On v3 targets (deletion vectors) every rewrite keeps row lineage: a row keeps the
+    `_row_id` and `_last_updated_sequence_number` Spark read before, through every compaction."""
     src = f"{CAT}.db.{name}"
-    extra = "compact_delete_files = 2\ncompact_small_files = 2"
+    extra = f"format_version = {version}\ncompact_delete_files = 2\ncompact_small_files = 2"
     section, tgt = target_section(kind, f"compact_{kind}.{name}", warehouse, rest_catalog, sql_target, extra)
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
     snaps = lineage(spark, src)
     run_cdc("sync", "--config", cfg, "--to-snapshot", str(snaps[0]))
+    rows = RowLineage(spark, tgt, cols_at(spark, src, snaps[0])[0]) if version == 3 else None
     for sid in snaps[1:]:
         run_cdc("sync", "--config", cfg, "--to-snapshot", str(sid))
         assert_replica(spark, src, tgt, cols_at(spark, src, sid), sid)
+        if rows:
+            rows.check()
     ops, _ = operations_and_delete_files(spark, tgt)
     assert "replace" in ops, ops
     run_cdc("maintain", "--config", cfg)
     ops, deletes = operations_and_delete_files(spark, tgt)
     assert deletes == 0, f"{deletes} delete files left after cdc maintain"
     assert_replica(spark, src, tgt, cols_at(spark, src, snaps[-1]), snaps[-1])
-    # without equality deletes pyiceberg (which refuses them) reads the target, and reads it equal
-    want = sorted((r[0], r[1]) for r in spark_table(spark, tgt).select("id", "name").collect())
-    assert pyiceberg_keys(kind, f"compact_{kind}.{name}", warehouse, rest_catalog, sql_target) == want
+    if rows:
+        rows.check()
+        assert rows.kept > 0, "no row outlived a step: the lineage check checked nothing"
+    else:
+        # without equality deletes pyiceberg (which refuses them) reads the target, and reads it equal
+        want = sorted((r[0], r[1]) for r in spark_table(spark, tgt).select("id", "name").collect())
+        assert pyiceberg_keys(kind, f"compact_{kind}.{name}", warehouse, rest_catalog, sql_target) == want
     out = json.loads(run_cdc("sync", "--json", "--config", cfg).stdout)
     assert out["source_snapshots_applied"] == 0 and not out["target_snapshot_ids"], out
     assert operations_and_delete_files(spark, tgt)[0] == ops, "the sync after maintenance committed again"

@@ -25,8 +25,10 @@
 //! can (it has a higher data sequence number). Progress is untouched: the `replace` snapshot records none, so the
 //! newest applier commit below it (or the table property) still answers.
 //!
-//! Not compacted: format v3 targets (iceberg-rust 0.10.1 cannot carry a row's `_row_id` into a rewritten file, and
-//! new row ids would break row lineage) and a head whose schema is not the current one.
+//! Row lineage (format v3): each row keeps its `_row_id` and `_last_updated_sequence_number` — read as stored or
+//! inherited, written as columns of the new files (`spec::row_lineage`), as Iceberg Java's rewrite does.
+//!
+//! Not compacted: a head whose schema is not the current one.
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
@@ -227,9 +229,10 @@ pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, 
     let meta = table.metadata();
     let Some(head) = meta.current_snapshot().cloned() else { return Ok(None) };
     let schema = crate::spec::lineage::snapshot_schema(meta, Some(&head));
-    if meta.format_version() == FormatVersion::V3 || schema.schema_id() != meta.current_schema_id() {
+    if schema.schema_id() != meta.current_schema_id() {
         return Ok(None);
     }
+    let lineage = meta.format_version() >= FormatVersion::V3;
     let concurrency = 2;
     let files = files::plan(table, &head, concurrency).await?;
     let mut data: Vec<Arc<FileEntry>> = files.data_after.values().cloned().collect();
@@ -258,7 +261,7 @@ pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, 
         ..Default::default()
     };
 
-    // rewrite: the scan's rows (change rows) cut to the table's columns, into files of the default spec
+    // rewrite: the scan's rows (with their lineage on v3), into files of the default spec
     let opts = ScanOptions {
         memory_budget: memory_budget / 2,
         configured_budget: memory_budget,
@@ -267,18 +270,19 @@ pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, 
         key_order: false,
     };
     let scan = ChangelogScan::new(table, &schema, Vec::new(), opts)?;
-    let columns = schema.as_struct().fields().len();
+    let written_schema =
+        if lineage { Arc::new(crate::spec::row_lineage::with_lineage_columns(meta.current_schema())?) } else { meta.current_schema().clone() };
     let writer = PartitionedWriter::new(
         table,
-        meta.current_schema(),
+        &written_schema,
         meta.default_partition_spec(),
         Content::Data,
         cfg.target_file_size as usize,
-        WriteLimits::within(memory_budget / 2, columns, true),
+        WriteLimits::within(memory_budget / 2, written_schema.as_struct().fields().len(), true),
         &[],
     )?;
-    let mut sink = Rewrite { writer, columns, rows: 0 };
-    let written = match scan.scan_live(&head, &files, Some(&rewrite), &mut sink).await {
+    let mut sink = Rewrite { writer, rows: 0 };
+    let written = match scan.scan_live(&head, &files, Some(&rewrite), lineage, &mut sink).await {
         Ok(_) => {
             let opened = sink.writer.opened().to_vec();
             match sink.writer.finish().await {
@@ -408,19 +412,16 @@ fn commits_since(meta: &iceberg::spec::TableMetadata, planned: i64) -> Option<us
     Some(n)
 }
 
-/// Writes a compaction's rows (change rows from the scan, all INSERTs) as data files.
+/// Writes a compaction's rows (table rows from the scan, with their lineage on v3) as data files.
 struct Rewrite {
     writer: PartitionedWriter,
-    /// The table's columns: the change rows' first ones.
-    columns: usize,
     rows: u64,
 }
 
 impl crate::change::ChangeConsumer for Rewrite {
-    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        let data = batch.project(&(0..self.columns).collect::<Vec<_>>())?;
-        self.rows += data.num_rows() as u64;
-        self.writer.write(&data).await?;
+    async fn write(&mut self, rows: RecordBatch) -> Result<()> {
+        self.rows += rows.num_rows() as u64;
+        self.writer.write(&rows).await?;
         Ok(())
     }
 }

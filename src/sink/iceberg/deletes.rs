@@ -151,7 +151,7 @@ mod tests {
         let files = write_dv_file(&io, &path, &v).await.unwrap();
         assert_eq!(files.len(), 2);
         for (f, (_, _, want)) in files.iter().zip(&v) {
-            let entry = FileEntry { file: f.clone(), seq: 1, spec_id: 0, unpartitioned: true };
+            let entry = FileEntry { file: f.clone(), seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None };
             assert!(entry.is_dv());
             assert_eq!(&reader::read_dv(&io, &entry).await.unwrap(), want);
         }

@@ -10,9 +10,9 @@
 //!
 //! Invariants: a merged manifest lists every live entry of the manifests it replaces as `EXISTING`, with its snapshot
 //! id and data and file sequence numbers unchanged (they decide which deletes apply to which rows); `DELETED` entries
-//! are dropped (they only describe older snapshots). Data manifests of v3 tables are not merged: iceberg-rust 0.10.1
-//! cannot write the `first_row_id` an existing file inherits, and rewriting without it would renumber row lineage.
-//! Merging is an optimization: a bin that fails to merge stays as it was.
+//! are dropped (they only describe older snapshots). In a v3 table's data manifests each entry carries the
+//! `first_row_id` it inherited (`spec::row_lineage`), so that its rows keep their `_row_id`. Merging is an
+//! optimization: a bin that fails to merge stays as it was.
 use std::collections::BTreeMap;
 
 use iceberg::spec::{
@@ -21,6 +21,7 @@ use iceberg::spec::{
 use iceberg::table::Table;
 
 use crate::error::{Error, Result};
+use crate::spec::row_lineage;
 
 /// Java's `commit.manifest-merge.enabled` (default true).
 pub(crate) const ENABLED_PROP: &str = "commit.manifest-merge.enabled";
@@ -115,9 +116,6 @@ pub(crate) async fn merge(
     let mut replaced: BTreeMap<usize, Option<ManifestFile>> = BTreeMap::new();
     for ((deletes, spec_id), members) in groups {
         let content = if deletes { ManifestContentType::Deletes } else { ManifestContentType::Data };
-        if content == ManifestContentType::Data && meta.format_version() == FormatVersion::V3 {
-            continue; // row lineage: see the module header
-        }
         let lengths: Vec<u64> = members.iter().map(|i| manifests[*i].manifest_length.max(0) as u64).collect();
         for bin in bins(&lengths, adding.get(&(deletes, spec_id)).copied().unwrap_or(0), &policy) {
             let files: Vec<&ManifestFile> = bin.iter().map(|b| &manifests[members[*b]]).collect();
@@ -189,11 +187,11 @@ async fn merge_bin(
     let (mut w, _) = manifest_writer(table, schema, snapshot_id, content, spec_id, path)?;
     for f in files {
         let manifest = f.load_manifest(table.file_io()).await?;
-        for e in manifest.entries().iter().filter(|e| e.is_alive()) {
+        for (e, file) in row_lineage::live_entries(table.metadata().format_version(), f, &manifest)? {
             let (Some(snapshot), Some(seq)) = (e.snapshot_id, e.sequence_number) else {
                 return Err(Error::data(&f.manifest_path, "a live entry without snapshot id or sequence number after inheritance"));
             };
-            w.add_existing_file(e.data_file.clone(), snapshot, seq, e.file_sequence_number.or(Some(seq)))?;
+            w.add_existing_file(file, snapshot, seq, e.file_sequence_number.or(Some(seq)))?;
         }
     }
     Ok(w.write_manifest_file().await?)

@@ -337,17 +337,18 @@ async fn remove_entries(
         let path = format!("{prefix}{}.avro", rewritten.len());
         let (mut w, spec) = merge::manifest_writer(table, schema, snapshot_id, m.content, m.partition_spec_id, &path)?;
         written.push(path);
-        for e in manifest.entries().iter().filter(|e| e.is_alive()) {
+        // a copied entry of a v3 data manifest carries the first row id it inherited (row lineage)
+        for (e, file) in crate::spec::row_lineage::live_entries(meta.format_version(), &m, &manifest)? {
             let (Some(snapshot), Some(seq)) = (e.snapshot_id, e.sequence_number) else {
                 return Err(Error::data(&m.manifest_path, "a live entry without snapshot id or sequence number after inheritance"));
             };
             let file_seq = e.file_sequence_number.or(Some(seq));
-            if remove.matches(&e.data_file) {
+            if remove.matches(&file) {
                 found += usize::from(remove.paths.contains(e.file_path()));
-                collector.remove_file(&e.data_file, schema.clone(), spec.clone());
-                w.add_delete_file(e.data_file.clone(), seq, file_seq)?;
+                collector.remove_file(&file, schema.clone(), spec.clone());
+                w.add_delete_file(file, seq, file_seq)?;
             } else {
-                w.add_existing_file(e.data_file.clone(), snapshot, seq, file_seq)?;
+                w.add_existing_file(file, snapshot, seq, file_seq)?;
             }
         }
         rewritten.push(w.write_manifest_file().await?);

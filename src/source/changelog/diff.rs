@@ -32,6 +32,12 @@ pub(super) async fn diff_file(
     let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
     let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
     let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
+    // a read that asks for row lineage (a v3 compaction) gets each row's, stored or inherited
+    let lineage = crate::spec::row_lineage::lineage_columns(&schema);
+    let with_lineage = |batch: RecordBatch, at: At<'_>| match lineage {
+        Some(cols) => crate::spec::row_lineage::fill(&batch, cols, |i| at.position(i), f.first_row_id, f.seq),
+        None => Ok(batch),
+    };
     let mut bytes = 0;
     let changed = match positional_change(&job, &sb, &sa) {
         Some(changed) => Some(changed),
@@ -58,6 +64,7 @@ pub(super) async fn diff_file(
                 return Err(Error::data(f.path(), "the reader returned more rows than positions were selected"));
             }
             rows += at.len() as u64;
+            let batch = with_lineage(batch, At::Positions(&at))?;
             if !states.send(&batch, At::Positions(&at), tx).await? {
                 break;
             }
@@ -71,6 +78,7 @@ pub(super) async fn diff_file(
     while let Some(batch) = stream.try_next().await? {
         let at = At::From(offset);
         offset += batch.num_rows() as u64;
+        let batch = with_lineage(batch, at)?;
         if !states.send(&batch, at, tx).await? {
             // receiver gone: the scan failed elsewhere
             return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });

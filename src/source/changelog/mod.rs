@@ -761,22 +761,33 @@ impl ChangelogScan<'_> {
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
     pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeConsumer) -> Result<SnapshotStats> {
         let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
-        self.scan_live(snapshot, &plan, None, sink).await
+        let commit = CommitInfo {
+            snapshot_id: snapshot.snapshot_id(),
+            sequence_number: snapshot.sequence_number(),
+            timestamp_ms: snapshot.timestamp_ms(),
+            ordinal: 0,
+        };
+        let mut inserts = Inserts { sink, schema: self.out_schema.clone(), commit };
+        self.scan_live(snapshot, &plan, None, false, &mut inserts).await
     }
 
     /// The live rows of the data files named in `only` (all of them when `None`) of `snapshot`, whose files `plan`
-    /// lists, as INSERT change rows: what a compaction rewrites. Not netted, not ordered by key.
+    /// lists, as table rows: the output schema's data columns, then — with `lineage` (a v3 table) — each row's
+    /// `_row_id` and `_last_updated_sequence_number`, stored or inherited (`spec::row_lineage`). What a compaction
+    /// rewrites. Not netted, not ordered by key; counted as inserts.
     pub(crate) async fn scan_live(
         &self,
         snapshot: &SnapshotRef,
         plan: &files::SnapshotFiles,
         only: Option<&std::collections::HashSet<String>>,
+        lineage: bool,
         sink: &mut impl ChangeConsumer,
     ) -> Result<SnapshotStats> {
         let meta = self.table.metadata();
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
+        let read_schema = if lineage { Arc::new(crate::spec::row_lineage::with_lineage_columns(&schema)?) } else { schema.clone() };
         // files written without field ids (a table migrated from Hive) are read through the table's name mapping
-        let data_schema = crate::spec::name_mapping::attach(arrow_schema(&schema)?, meta.properties());
+        let data_schema = crate::spec::name_mapping::attach(arrow_schema(&read_schema)?, meta.properties());
         let mut live: Vec<_> = plan.data_after.values().filter(|f| only.is_none_or(|o| o.contains(f.path()))).cloned().collect();
         live.sort_by(|a, b| a.path().cmp(b.path()));
         let jobs = live
@@ -788,13 +799,11 @@ impl ChangelogScan<'_> {
             .collect();
         let read = ReadSpec { schema: &data_schema, schema_id: schema.schema_id(), fingerprint: false, views: false };
         let (mut rx, driver) = self.read_files(jobs, &read, self.opts.concurrency);
-        let commit = CommitInfo {
-            snapshot_id: snapshot.snapshot_id(),
-            sequence_number: snapshot.sequence_number(),
-            timestamp_ms: snapshot.timestamp_ms(),
-            ordinal: 0,
-        };
-        let out_data_schema = data_part(&self.out_schema);
+        let mut out_fields: Vec<_> = data_part(&self.out_schema).fields().iter().cloned().collect();
+        if let Some((id, seq)) = crate::spec::row_lineage::lineage_columns(&data_schema) {
+            out_fields.extend([data_schema.field(id).clone(), data_schema.field(seq).clone()].map(Arc::new));
+        }
+        let out_rows_schema = Arc::new(arrow_schema::Schema::new(out_fields));
         let mut stats = SnapshotStats { snapshot_id: snapshot.snapshot_id(), operation: "bootstrap".into(), ..Default::default() };
         let mut failed = None;
         while let Some(item) = rx.recv().await {
@@ -805,11 +814,8 @@ impl ChangelogScan<'_> {
                     break;
                 }
             };
-            let n = batch.num_rows();
-            let projected = reader::project(&batch, &out_data_schema)?;
-            let types = change::change_type_column(ChangeType::Insert, n);
-            stats.counts[ChangeType::Insert as usize] += n as u64;
-            if let Err(e) = sink.write(change::with_metadata(&self.out_schema, projected.columns().to_vec(), types, commit)?).await {
+            stats.counts[ChangeType::Insert as usize] += batch.num_rows() as u64;
+            if let Err(e) = sink.write(reader::project(&batch, &out_rows_schema)?).await {
                 failed = Some(e);
                 break;
             }
@@ -832,6 +838,21 @@ impl ChangelogScan<'_> {
             }
             (e, _) => e,
         }
+    }
+}
+
+/// Table rows handed on as INSERT change rows of one commit (a bootstrap copy).
+struct Inserts<'c, C> {
+    sink: &'c mut C,
+    /// The change schema.
+    schema: SchemaRef,
+    commit: CommitInfo,
+}
+
+impl<C: ChangeConsumer> ChangeConsumer for Inserts<'_, C> {
+    async fn write(&mut self, rows: RecordBatch) -> Result<()> {
+        let types = change::change_type_column(ChangeType::Insert, rows.num_rows());
+        self.sink.write(change::with_metadata(&self.schema, rows.columns().to_vec(), types, self.commit)?).await
     }
 }
 
