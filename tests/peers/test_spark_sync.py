@@ -496,30 +496,34 @@ def test_merged_manifests_read_the_same_in_spark(spark, spark_tables, warehouse,
 
 
 class RowLineage:
-    """Row lineage of a v3 target as Spark reads it: key → (`_row_id`, `_last_updated_sequence_number`). `check()`
-    after each step: every row is a distinct `_row_id`, and a row the step did not write (its sequence number is
-    not above the newest one before the step) kept both values — a merge or rewrite that lost the inherited row ids
-    would renumber them."""
+    """Row lineage of a v3 target as Spark reads it: key → (row, (`_row_id`, `_last_updated_sequence_number`)).
+    `check()` after each step: every row has a distinct `_row_id`, and a row whose values the step left as they were
+    (the applier did not write it: changes that leave a row equal are carry-overs, never applied) kept both lineage
+    values — a manifest merge or compaction that lost them would renumber the rows it moved."""
 
     def __init__(self, spark, tgt, key):
         self.spark, self.tgt, self.key, self.kept = spark, tgt, key, 0
-        self.ids = self.read()
+        self.rows = self.read()
 
     def read(self):
-        rows = self.spark.sql(f"SELECT {self.key}, _row_id, _last_updated_sequence_number FROM {self.tgt}").collect()
-        assert all(r[1] is not None and r[2] is not None for r in rows), "a row without lineage"
-        return {r[0]: (r[1], r[2]) for r in rows}
+        df = self.spark.sql(f"SELECT *, _row_id, _last_updated_sequence_number FROM {self.tgt}")
+        out = {}
+        for r in df.collect():
+            d = r.asDict()
+            lineage = (d.pop("_row_id"), d.pop("_last_updated_sequence_number"))
+            assert None not in lineage, f"a row without lineage: {r}"
+            out[d[self.key]] = (tuple(sorted(d.items())), lineage)
+        return out
 
     def check(self):
         self.spark.sql(f"REFRESH TABLE {self.tgt}")
         now = self.read()
-        assert len({r for r, _ in now.values()}) == len(now), "two rows share a _row_id"
-        newest = max((s for _, s in self.ids.values()), default=-1)
-        untouched = {k: v for k, v in now.items() if v[1] <= newest}
-        changed = {k: (self.ids.get(k), v) for k, v in untouched.items() if self.ids.get(k) != v}
+        assert len({lin[0] for _, lin in now.values()}) == len(now), "two rows share a _row_id"
+        untouched = [k for k, (row, _) in now.items() if k in self.rows and self.rows[k][0] == row]
+        changed = {k: (self.rows[k][1], now[k][1]) for k in untouched if self.rows[k][1] != now[k][1]}
         assert not changed, f"row lineage changed (before, after): {changed}"
         self.kept += len(untouched)
-        self.ids = now
+        self.rows = now
 
 
 def operations_and_delete_files(spark, tgt):
