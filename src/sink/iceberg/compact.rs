@@ -216,8 +216,11 @@ pub(crate) struct Rewritten {
     written: Vec<DataFile>,
     /// The data files rewritten (what a later position delete must not reference).
     rewritten: Vec<Arc<FileEntry>>,
-    /// The delete files the compaction removes.
+    /// The delete files the compaction removes, by path.
     dropped: Vec<String>,
+    /// The data files whose deletion vectors the compaction removes: vectors are removed by the file they apply to,
+    /// not by path (one Puffin file holds the vectors of many data files, and those of files that stay must stay).
+    dropped_vectors_of: Vec<String>,
     /// Every delete file live at the planned head (anything else was added since).
     planned_deletes: HashSet<String>,
     out: Compacted,
@@ -304,7 +307,12 @@ pub(crate) async fn rewrite(cfg: &TargetConfig, table: &Table, policy: &Policy, 
         planned: table.clone(),
         written,
         rewritten: chosen.rewrite.iter().map(|i| data[*i].clone()).collect(),
-        dropped: chosen.drop_deletes.iter().map(|i| deletes[*i].path().to_string()).collect(),
+        dropped: chosen.drop_deletes.iter().filter(|i| !deletes[**i].is_dv()).map(|i| deletes[*i].path().to_string()).collect(),
+        dropped_vectors_of: chosen
+            .drop_deletes
+            .iter()
+            .filter_map(|i| deletes[*i].is_dv().then(|| deletes[*i].file.referenced_data_file()).flatten())
+            .collect(),
         planned_deletes: deletes.iter().map(|d| d.path().to_string()).collect(),
         out,
     }))
@@ -340,6 +348,7 @@ pub(crate) async fn commit(catalog: &Catalog, cfg: &TargetConfig, r: Rewritten, 
             .add_data_files(r.written.iter().cloned())
             .data_sequence_number(planned_head.sequence_number())
             .remove_files(removed.iter().cloned())
+            .replace_deletes_of(r.dropped_vectors_of.iter().cloned())
             .merge_manifests(cfg.merge_manifests);
         let prepared = match delta.prepare(&table).await {
             Ok(p) => p,

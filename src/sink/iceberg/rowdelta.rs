@@ -327,7 +327,8 @@ async fn remove_entries(
 ) -> Result<(Vec<ManifestFile>, Vec<ManifestFile>)> {
     let meta = table.metadata();
     let (mut kept, mut rewritten) = (Vec::new(), Vec::new());
-    let mut found = 0;
+    // paths, not entries: a Puffin file holds the deletion vectors of many data files, each an entry of its own
+    let mut found = std::collections::HashSet::new();
     for m in manifests {
         let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e.to_string()).with_cause(e))?;
         if !manifest.entries().iter().any(|e| e.is_alive() && remove.matches(&e.data_file)) {
@@ -344,7 +345,9 @@ async fn remove_entries(
             };
             let file_seq = e.file_sequence_number.or(Some(seq));
             if remove.matches(&file) {
-                found += usize::from(remove.paths.contains(e.file_path()));
+                if remove.paths.contains(e.file_path()) {
+                    found.insert(e.file_path().to_string());
+                }
                 collector.remove_file(&file, schema.clone(), spec.clone());
                 w.add_delete_file(file, seq, file_seq)?;
             } else {
@@ -353,12 +356,12 @@ async fn remove_entries(
         }
         rewritten.push(w.write_manifest_file().await?);
     }
-    if found != remove.paths.len() {
+    if found.len() != remove.paths.len() {
         return Err(Error::Conflict {
             table: meta.location().to_string(),
             message: format!(
                 "{} of the {} files to remove are no longer live (another writer changed the table)",
-                remove.paths.len() - found,
+                remove.paths.len() - found.len(),
                 remove.paths.len()
             ),
         });
