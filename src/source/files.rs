@@ -65,7 +65,7 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
         let file_io = file_io.clone();
         async move {
             let m = mf.load_manifest(&file_io).await.map_err(|e| Error::data(mf.manifest_path.clone(), e))?;
-            Ok::<_, Error>((mf.partition_spec_id, mf.content == iceberg::spec::ManifestContentType::Data, mf.first_row_id, m))
+            Ok::<_, Error>((mf, m))
         }
     }))
     .buffer_unordered(concurrency.max(1))
@@ -74,16 +74,10 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 
     let sid = snapshot.snapshot_id();
     let mut out = SnapshotFiles::default();
-    let v3 = meta.format_version() >= iceberg::spec::FormatVersion::V3;
-    for (spec_id, data_manifest, first_row_id, manifest) in manifests {
+    for (mf, manifest) in manifests {
+        let spec_id = mf.partition_spec_id;
         let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
-        let row_ids = match v3 && data_manifest {
-            true => crate::spec::row_lineage::inherit(
-                first_row_id,
-                manifest.entries().iter().map(|e| (e.is_alive(), e.data_file().first_row_id(), e.data_file().record_count())),
-            ),
-            false => vec![None; manifest.entries().len()],
-        };
+        let row_ids = crate::spec::row_lineage::first_row_ids(meta.format_version(), &mf, &manifest);
         for (entry, first_row_id) in manifest.entries().iter().zip(row_ids) {
             let seq = entry
                 .sequence_number()

@@ -123,17 +123,23 @@ pub(crate) fn with_first_row_id(f: &DataFile, spec_id: i32, first_row_id: Option
     b.build().map_err(|e| Error::Internal(format!("copying the entry of {}: {e}", f.file_path())))
 }
 
-/// The live entries of `manifest` (listed by `file`), each with the data file a copy of it must carry: for a data
-/// manifest of a v3 table, its inherited `first_row_id` made explicit; otherwise the file as read.
-pub(crate) fn live_entries(version: FormatVersion, file: &ManifestFile, manifest: &Manifest) -> Result<Vec<(ManifestEntryRef, DataFile)>> {
+/// The `first_row_id` of every entry of `manifest` (listed by `file`) after inheritance, in its order: for a data
+/// manifest of a v3 table by [`inherit`]; otherwise as stored (none).
+pub(crate) fn first_row_ids(version: FormatVersion, file: &ManifestFile, manifest: &Manifest) -> Vec<Option<i64>> {
     let entries = manifest.entries();
     if version < FormatVersion::V3 || file.content != ManifestContentType::Data {
-        return Ok(entries.iter().filter(|e| e.is_alive()).map(|e| (e.clone(), e.data_file.clone())).collect());
+        return entries.iter().map(|e| e.data_file.first_row_id()).collect();
     }
-    let ids = inherit(file.first_row_id, entries.iter().map(|e| (e.is_alive(), e.data_file.first_row_id(), e.data_file.record_count())));
+    inherit(file.first_row_id, entries.iter().map(|e| (e.is_alive(), e.data_file.first_row_id(), e.data_file.record_count())))
+}
+
+/// The live entries of `manifest` (listed by `file`), each with the data file a copy of it must carry: its inherited
+/// `first_row_id` made explicit ([`first_row_ids`]; the file as read where that changes nothing).
+pub(crate) fn live_entries(version: FormatVersion, file: &ManifestFile, manifest: &Manifest) -> Result<Vec<(ManifestEntryRef, DataFile)>> {
+    let entries = manifest.entries();
     entries
         .iter()
-        .zip(ids)
+        .zip(first_row_ids(version, file, manifest))
         .filter(|(e, _)| e.is_alive())
         .map(|(e, id)| {
             let f = if id == e.data_file.first_row_id() { e.data_file.clone() } else { with_first_row_id(&e.data_file, file.partition_spec_id, id)? };

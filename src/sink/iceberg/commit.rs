@@ -413,6 +413,12 @@ impl IcebergSink {
 }
 
 impl IcebergSink {
+    /// The target's rest is over: a compaction at rest found nothing more to do at `mark` (its file totals).
+    fn rested(&mut self, mark: compact::Mark) {
+        tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
+        self.rested_at = Some(mark);
+    }
+
     /// Compacts `table` when due (see `compact`); returns the table as it is afterwards, and counts what it did in
     /// `stats`. Best effort: a failure is logged and counted, and compaction is tried again when due again.
     async fn compact_when_due(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
@@ -576,10 +582,9 @@ impl IcebergSink {
             // a pass at rest that found nothing to do (or failed) ends the rest until the table changes
             Ok(Background { result: Ok(None), seconds, rested_at }) => {
                 stats.compact_seconds += seconds;
-                if rested_at.is_some() {
-                    tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
+                if let Some(mark) = rested_at {
+                    self.rested(mark);
                 }
-                self.rested_at = rested_at.or(self.rested_at);
             }
             Ok(Background { result: Err(_), seconds, rested_at }) => {
                 stats.compact_seconds += seconds;
@@ -905,8 +910,7 @@ impl Sink for IcebergSink {
                     Ok(t) => table = t,
                     Err(e) => tracing::warn!(table = %self.cfg.table, error = %e, "merging the manifests of a target at rest failed"),
                 }
-                tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
-                self.rested_at = Some(compact::Mark::of(&table));
+                self.rested(compact::Mark::of(&table));
             }
             self.compact_mark = compact::Mark::of(&table);
             self.table = Some(table);

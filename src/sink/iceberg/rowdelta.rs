@@ -119,7 +119,8 @@ impl RowDelta {
     }
     /// Removes live files (data or delete files, by path) of the parent: with data files added in their place, a
     /// compaction (`replace` snapshot: the rows stay the same). The manifests that list them are rewritten with
-    /// their entries `DELETED` (keeping their sequence numbers) and the others `EXISTING`.
+    /// their entries `DELETED` (keeping their sequence numbers) and the others `EXISTING`. Deletion vectors go by
+    /// their data file ([`Self::replace_deletes_of`]): one Puffin file holds the vectors of many data files.
     pub fn remove_files(mut self, paths: impl IntoIterator<Item = String>) -> Self {
         self.remove.extend(paths);
         self
@@ -346,6 +347,13 @@ async fn remove_entries(
             let file_seq = e.file_sequence_number.or(Some(seq));
             if remove.matches(&file) {
                 if remove.paths.contains(e.file_path()) {
+                    if file.content_offset().is_some() {
+                        // the Puffin file holds other data files' vectors too: those would go with it
+                        return Err(Error::Internal(format!(
+                            "{} holds deletion vectors: remove them by their data file (replace_deletes_of), not by path",
+                            e.file_path()
+                        )));
+                    }
                     found.insert(e.file_path().to_string());
                 }
                 collector.remove_file(&file, schema.clone(), spec.clone());
