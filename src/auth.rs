@@ -121,7 +121,7 @@ impl TokenSource {
             }
         }
         let token = self.fetch().await?;
-        tracing::debug!(source = %self.label, expires_at = ?token.expires_at.map(humantime::format_rfc3339_seconds), "token renewed");
+        tracing::debug!(source = %self.label, expires_at = token.expires_at.map(|t| humantime::format_rfc3339_seconds(t).to_string()), "token renewed");
         *cached = Some(Cached { token: token.clone(), issued: now });
         Ok(token)
     }

@@ -335,6 +335,21 @@ pub struct SourceConfig {
     pub key_columns: Option<Vec<String>>,
     /// Where the table is.
     pub catalog: CatalogConfig,
+    /// What a destination does when the source's history no longer runs through its progress.
+    #[serde(default)]
+    pub on_history_rewrite: OnHistoryRewrite,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+/// What a destination does when the source's history was rewritten under it: a rollback, a cherry-pick onto another
+/// line, `set_current_snapshot`, `CREATE OR REPLACE`, or a new table under the same name.
+pub enum OnHistoryRewrite {
+    /// One commit brings the destination to the source's new state, and says so in its summary.
+    #[default]
+    Follow,
+    /// Stop with exit code 14 and say what happened and how to follow it.
+    Stop,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -539,19 +554,89 @@ pub(crate) fn parse_checked<T: serde::de::DeserializeOwned>(
     validate: fn(&T) -> Vec<String>,
 ) -> Result<T> {
     let text = expand_env(text, |k| std::env::var(k).ok()).map_err(Error::Config)?;
-    if let Ok(value) = toml::from_str::<toml::Value>(&text) {
-        let unknown = unknown_keys(&value);
-        if !unknown.is_empty() {
-            return Err(Error::Config(unknown));
+    let mut problems: Vec<String> = match toml::from_str::<toml::Value>(&text) {
+        Ok(value) => unknown_keys(&value).into_iter().map(|m| with_line_of_key(&text, m)).collect(),
+        // a syntax error: nothing else can be read
+        Err(e) => return Err(Error::Config(vec![located(&text, &e)])),
+    };
+    match typed_parse::<T>(&text) {
+        (Some(cfg), typed) => {
+            problems.extend(typed);
+            problems.extend(validate(&cfg));
+            if problems.is_empty() {
+                return Ok(cfg);
+            }
+        }
+        (None, typed) => problems.extend(typed),
+    }
+    Err(Error::Config(problems))
+}
+
+/// The typed parse of `text`, going on past each value of a wrong type (or an unknown key, already reported): its
+/// line is reported and left out, and the parse tried again — so that one mistake does not hide the others. The
+/// configuration is returned when what is left parses; a key left out that the parse then misses is not reported
+/// twice. Problems come as `line N: …`.
+fn typed_parse<T: serde::de::DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let (mut problems, mut left_out) = (Vec::new(), Vec::<String>::new());
+    for _ in 0..64 {
+        let working = lines.join("\n");
+        let e = match toml::from_str::<T>(&working) {
+            Ok(cfg) => return (Some(cfg), problems),
+            Err(e) => e,
+        };
+        let message = e.message().to_string();
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()).map(str::to_string);
+        if missing.as_ref().is_some_and(|m| left_out.contains(m)) {
+            return (None, problems); // the consequence of a line left out, not a problem of its own
+        }
+        if !message.starts_with("unknown field") {
+            problems.push(located(&working, &e));
+        }
+        // leave out the line of a `key = value` (not of a table header or an inline table holding other keys)
+        let line = e.span().map(|s| working[..s.start.min(working.len())].matches('\n').count());
+        let key = line.and_then(|l| lines[l].split_once('=')).map(|(k, _)| k.trim().trim_matches('"').to_string());
+        match (line, key) {
+            (Some(l), Some(k)) if !k.starts_with('[') && !lines[l].contains('{') => {
+                left_out.push(k);
+                lines[l].clear();
+            }
+            _ => return (None, problems),
         }
     }
-    let cfg: T = toml::from_str(&text).map_err(|e| Error::Config(vec![e.to_string()]))?;
-    let problems = validate(&cfg);
-    if problems.is_empty() {
-        Ok(cfg)
-    } else {
-        Err(Error::Config(problems))
+    (None, problems)
+}
+
+/// A TOML error as `line N (`key`): message`.
+fn located(text: &str, e: &toml::de::Error) -> String {
+    let Some(s) = e.span() else { return e.message().trim().to_string() };
+    let n = text[..s.start.min(text.len())].matches('\n').count();
+    let key = text
+        .lines()
+        .nth(n)
+        .and_then(|l| l.split_once('='))
+        .map(|(k, _)| k.trim())
+        .filter(|k| !k.is_empty() && !k.starts_with('[') && !k.contains('{'))
+        .map(|k| format!(" (`{}`)", k.trim_matches('"')))
+        .unwrap_or_default();
+    format!("line {}{key}: {}", n + 1, e.message().trim())
+}
+
+/// An unknown-key message (`unknown key `a.b` …`) with the line of that key, where a plain `key =` line under its
+/// table header holds it.
+fn with_line_of_key(text: &str, message: String) -> String {
+    let Some(path) = message.strip_prefix("unknown key `").and_then(|m| m.split('`').next()) else { return message };
+    let (section, key) = path.rsplit_once('.').unwrap_or(("", path));
+    let mut header = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            header = t.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        } else if header == section && t.split_once('=').is_some_and(|(k, _)| k.trim().trim_matches('"') == key) {
+            return format!("line {}: {message}", i + 1);
+        }
     }
+    message
 }
 
 /// Appends to `out` every key of the table `v` (at `section`) that is not in `known`.
@@ -685,12 +770,23 @@ impl CatalogConfig {
                     }
                     _ => {}
                 }
+                if let Some(v) = self.props.get(crate::catalog::hive::LOCK_TIMEOUT_KEY) {
+                    if let Err(e) = humantime::parse_duration(v) {
+                        p.push(format!("{field}.{}: `{v}` is not a duration ({e}); e.g. \"3m\" or \"30s\"", crate::catalog::hive::LOCK_TIMEOUT_KEY));
+                    }
+                }
                 for k in self.props.keys() {
                     let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
                     if !storage
-                        && !["uri", crate::catalog::rest::keys::AUTH, crate::catalog::rest::keys::GOOGLE_CREDENTIALS_FILE].contains(&k.as_str())
+                        && ![
+                            "uri",
+                            crate::catalog::hive::LOCK_TIMEOUT_KEY,
+                            crate::catalog::rest::keys::AUTH,
+                            crate::catalog::rest::keys::GOOGLE_CREDENTIALS_FILE,
+                        ]
+                        .contains(&k.as_str())
                     {
-                        p.push(format!("{field}.{k}: unknown key for a hive catalog (it takes `uri`, `warehouse`, `auth`, and storage properties such as `s3.*`, `gcs.*`)"));
+                        p.push(format!("{field}.{k}: unknown key for a hive catalog (it takes `uri`, `warehouse`, `lock_timeout`, `auth`, and storage properties such as `s3.*`, `gcs.*`)"));
                     }
                 }
             }
@@ -796,7 +892,7 @@ mod tests {
     #[test]
     fn known_keys_are_the_fields_the_types_declare() {
         assert_eq!(keys_of::<Config>(), ["source", "target", "kafka", "engine"]);
-        assert_eq!(keys_of::<SourceConfig>(), ["table", "key_columns", "catalog"]);
+        assert_eq!(keys_of::<SourceConfig>(), ["table", "key_columns", "catalog", "on_history_rewrite"]);
         let target = [
             "table",
             "mode",
@@ -846,6 +942,21 @@ mod tests {
         .unwrap_err();
         let Error::Config(p) = err else { panic!("{err}") };
         assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_hides_no_other_problem() {
+        // a type error, an unknown key, a bad catalog value and a bad size: all four, each with its line
+        let err = Config::parse(
+            "[source]\ntable = \"a.b\"\nkey_columns = \"id\"\nbogus = 1\n[source.catalog]\ntype = \"rest\"\nuri = \"ftp://x\"\n[engine]\nmemory_budget = \"10KiB\"\nread_concurrency = \"four\"\n",
+        )
+        .unwrap_err();
+        let Error::Config(p) = err else { panic!("{err}") };
+        let all = p.join("\n");
+        for needle in ["line 3 (`key_columns`)", "line 4: unknown key `source.bogus`", "ftp://x", "line 10 (`read_concurrency`)", "memory_budget"] {
+            assert!(all.contains(needle), "{needle} missing: {all}");
+        }
+        assert!(!all.contains("missing field"), "a line left out is not reported again: {all}");
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub mod exit {
     pub const AUTH: i32 = 12;
     /// Kafka unreachable or refusing, or this instance fenced by another one of the same pipeline.
     pub const KAFKA: i32 = 13;
+    /// The source's history was rewritten under the destination (rollback, replace, a new table under the name) and
+    /// `on_history_rewrite = "stop"` asks to be told.
+    pub const HISTORY: i32 = 14;
+    /// `cdc status`: no instance of the service answers, or some of its pipelines are not running cleanly.
+    pub const SERVICE: i32 = 15;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +145,25 @@ pub enum Error {
     #[error("invalid snapshot range: {0}")]
     /// The snapshot range (or the progress a destination records) does not fit the source.
     Range(String),
+
+    #[error("the history of `{table}` was rewritten under `{target}` ({kind}): the target is at source snapshot {from}, which is not on the history of {to}. `on_history_rewrite = \"stop\"` asks to be told; to follow it, set `on_history_rewrite = \"follow\"` under [source] (or the pipeline's source) and run again: one commit brings the target to the source's state at {to}")]
+    /// The source's history no longer runs through the destination's progress and the policy is to stop.
+    HistoryRewritten {
+        /// The source table.
+        table: String,
+        /// The destination.
+        target: String,
+        /// What happened (rollback, rewrite, replace, recreate).
+        kind: &'static str,
+        /// The source snapshot the destination records.
+        from: String,
+        /// The source snapshot it would be brought to.
+        to: i64,
+    },
+
+    #[error("service: {0}")]
+    /// `cdc status`: what is wrong with the running service (not reachable, pipelines failing).
+    Service(String),
 
     #[error("key columns: {0}")]
     /// The key columns cannot be resolved.
@@ -283,6 +307,8 @@ impl Error {
             Error::TableNotFound { .. } => "not_found",
             Error::SnapshotNotFound { .. } | Error::ExpiredParent { .. } => "expired",
             Error::Range(_) => "range",
+            Error::HistoryRewritten { .. } => "history_rewritten",
+            Error::Service(_) => "service",
             Error::Key(_) | Error::Schema(_) => "schema",
             Error::Data { .. } | Error::MissingFile { .. } => "data",
             Error::UnsupportedFormat { .. } => "unsupported_format",
@@ -303,6 +329,7 @@ impl Error {
                 | Error::Key(_)
                 | Error::Schema(_)
                 | Error::Range(_)
+                | Error::HistoryRewritten { .. }
                 | Error::SnapshotNotFound { .. }
                 | Error::ExpiredParent { .. }
                 | Error::Fenced { .. }
@@ -320,6 +347,8 @@ impl Error {
             Error::TableNotFound { .. } => exit::NOT_FOUND,
             Error::SnapshotNotFound { .. } => exit::EXPIRED,
             Error::Range(_) => exit::RANGE,
+            Error::HistoryRewritten { .. } => exit::HISTORY,
+            Error::Service(_) => exit::SERVICE,
             Error::Key(_) | Error::Schema(_) => exit::SCHEMA,
             Error::Data { .. } | Error::MissingFile { .. } | Error::UnsupportedFormat { .. } => exit::DATA,
             Error::ExpiredParent { .. } => exit::EXPIRED,

@@ -12,6 +12,7 @@ pub mod error;
 pub mod output;
 pub mod pipeline;
 pub mod quickstart;
+pub(crate) mod redact;
 pub mod service;
 pub mod sink;
 pub(crate) mod source;

@@ -261,7 +261,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             let summary =
                 pipeline::run_changes(&cfg, &table, from, to, |schema, memory| output::open(format, output.as_deref(), schema, memory), |_| {})
                     .await?;
-            tracing::info!(?summary, "changes done");
+            tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "changes done");
             eprintln!(
                 "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",
                 summary.snapshots,
@@ -360,6 +360,15 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 summary.source_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
                 summary.seconds
             );
+            if let Some(h) = &summary.history_rewrite {
+                eprintln!(
+                    "cdc: the source's history was rewritten ({}): the target went from source snapshot {} to {} in one commit ({} snapshot(s) undone)",
+                    h.kind.as_str(),
+                    h.from_snapshot.map(|i| i.to_string()).unwrap_or_else(|| "(the dropped table's)".into()),
+                    h.to_snapshot,
+                    h.undone_snapshots
+                );
+            }
             let os = &summary.object_store;
             if os.read_requests + os.objects_written > 0 {
                 eprintln!(
@@ -403,13 +412,16 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 }
             }
             let bad = lines.iter().filter(|l| l.state != "ok").count();
+            if !lines.is_empty() && lines.iter().all(|l| l.state == "owner unreachable") {
+                let owners: std::collections::BTreeSet<&str> = lines.iter().filter_map(|l| l.owner.as_deref()).collect();
+                return Err(anyhow::Error::new(Error::Service(format!(
+                    "no instance of this service is running: nothing answers at {} — start it (`cdc run --config {}`, or its systemd unit), or give --metrics-address where it listens",
+                    owners.into_iter().collect::<Vec<_>>().join(", "),
+                    config.display()
+                ))));
+            }
             if bad > 0 {
-                return Err(anyhow::Error::new(Error::Catalog {
-                    catalog: "status".into(),
-                    message: format!("{bad} of {} pipeline sinks are not running cleanly (see above)", lines.len()),
-                    retryable: true,
-                    cause: None,
-                }));
+                return Err(anyhow::Error::new(Error::Service(format!("{bad} of {} pipeline sinks are not running cleanly (see above)", lines.len()))));
             }
         }
         Cmd::Check { config } => {

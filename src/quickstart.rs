@@ -191,7 +191,7 @@ pub async fn scan_snapshot(table: &Table, snapshot_id: i64, columns: Option<&[&s
         if let Ok(read) = tokio::time::timeout(SCAN_STALL, scan).await {
             return Ok(read?);
         }
-        tracing::warn!(table = %table.identifier(), stalled = ?SCAN_STALL, "iceberg-rust's scan stalled; scanning again");
+        tracing::warn!(table = %table.identifier(), stalled_seconds = SCAN_STALL.as_secs_f64(), "iceberg-rust's scan stalled; scanning again");
     }
     Err(Error::Internal(format!("iceberg-rust's scan of {} stalled {SCAN_ATTEMPTS} times in a row", table.identifier())))
 }

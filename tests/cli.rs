@@ -331,7 +331,7 @@ async fn bad_input_gets_clear_errors_and_distinct_exit_codes() {
     assert_eq!(code(&out), exit::NOT_FOUND, "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("demo.nope"));
 
-    // A after B, unknown (expired) snapshot
+    // A after B (on the main branch: a swapped range, not a state difference), unknown (expired) snapshot
     let out = cdc(&["changes", "--config", good, "--from-snapshot", &last, "--to-snapshot", &first]);
     assert_eq!(code(&out), exit::RANGE);
     assert!(String::from_utf8_lossy(&out.stderr).contains("comes after"));
@@ -656,7 +656,22 @@ async fn disk_full_names_the_file_and_exits_with_the_io_code() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), exit::IO, "{err}");
     assert!(err.contains(full.to_str().unwrap()), "the message names the file: {err}");
-    assert_eq!(err.matches("No space left on device").count(), 1, "the cause once: {err}");
+    let error_line: String = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(error_line.matches("No space left on device").count(), 1, "the cause once: {err}");
+    // every file the failed commit wrote is gone again: no data, delete or manifest file, no metadata temp file
+    fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                files_under(&e.path(), out);
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    let mut left = Vec::new();
+    files_under(&tw, &mut left);
+    left.retain(|p| ["parquet", "avro", "puffin", "tmp"].iter().any(|x| p.extension().is_some_and(|e| e == *x)));
+    assert!(left.is_empty(), "left behind: {left:?}");
 
     // now fill the disk completely
     let _ = std::fs::write(full.join("filler2"), vec![0u8; 64 * 1024]);
@@ -821,6 +836,8 @@ async fn range_messages_name_the_real_problem() {
     assert!(out.contains("\"source_snapshots_applied\": 0"), "{out}");
 
     // roll the source back to ids[1] and commit on top: ids[3] is off the branch now, with a higher sequence number
+    let qcfg = config(dir.path(), &sql_config(&wh, "", ""));
+    let undone = ok(cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &ids[1], "--to-snapshot", &ids[3]]));
     let head = table.metadata().current_snapshot_id();
     let rollback = vec![iceberg::TableUpdate::SetSnapshotRef {
         ref_name: "main".into(),
@@ -829,18 +846,37 @@ async fn range_messages_name_the_real_problem() {
     let req = vec![iceberg::TableRequirement::RefSnapshotIdMatch { r#ref: "main".into(), snapshot_id: head }];
     let t = catalog.commit(&table, req, rollback).await.unwrap();
     quickstart::commit_changes(&catalog, &t, &[(77, "after-rollback", 1)], &[]).await.unwrap();
-    let qcfg = config(dir.path(), &sql_config(&wh, "", ""));
-    let out = cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &ids[3], "--to-snapshot", &ids[1]]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), exit::RANGE, "{err}");
-    assert!(!err.contains("swap") && err.contains("not an ancestor"), "{err}");
-    // the target recorded ids[3], which the rollback took off the branch: a clear error, nothing committed
+    // changes from a snapshot the rollback took off the branch: the state difference (the changes of ids[2] and ids[3]
+    // undone)
+    let out = ok(cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &ids[3], "--to-snapshot", &ids[1]]));
+    let kinds = |s: &str| s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["_change_type"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let inverse = |k: &String| match k.as_str() {
+        "INSERT" => "DELETE",
+        "DELETE" => "INSERT",
+        "UPDATE_BEFORE" => "UPDATE_BEFORE",
+        _ => "UPDATE_AFTER",
+    };
+    let (mut got, mut want) = (kinds(&out), kinds(&undone).iter().map(|k| inverse(k).to_string()).collect::<Vec<_>>());
+    got.sort();
+    want.sort();
+    assert!(!want.is_empty());
+    assert_eq!(got, want, "{out}");
+    // the target recorded ids[3], which the rollback took off the branch. Asked to stop: exit 14, nothing committed
     let before = target_snapshot_count(&tw, "replica.msgs");
-    let out = cdc(&["sync", "--config", cfg]);
+    let stop = config(dir.path(), &std::fs::read_to_string(cfg).unwrap().replacen("[source]\n", "[source]\non_history_rewrite = \"stop\"\n", 1));
+    let out = cdc(&["sync", "--config", stop.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code(&out), exit::RANGE, "{err}");
-    assert!(err.contains("rolled back"), "{err}");
+    assert_eq!(code(&out), exit::HISTORY, "{err}");
+    assert!(err.contains("rewrite") && err.contains(&ids[3]) && err.contains("on_history_rewrite = \"follow\""), "{err}");
     assert_eq!(target_snapshot_count(&tw, "replica.msgs"), before);
+    // followed (the default): one commit, said in the summary, and the target equals the source again
+    let out = ok(cdc(&["sync", "--config", cfg, "--json"]));
+    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary["history_rewrite"]["kind"], "rewrite", "{out}");
+    assert_eq!(summary["history_rewrite"]["from_snapshot"].to_string(), ids[3], "{out}");
+    assert_eq!(target_snapshot_count(&tw, "replica.msgs"), before + 1);
+    let (_, source) = iceberg_cdc::pipeline::load_source(&iceberg_cdc::config::Config::load(&qcfg).unwrap()).await.unwrap();
+    assert_target_equals_source(std::path::Path::new(cfg), &source, "replica.msgs").await;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1210,7 +1246,7 @@ async fn service_follows_reloads_reports_and_stops() {
 
     // `cdc status` asks the running instance: the good pipeline is ok and caught up, the broken one fails by name
     let out = cdc(&["status", "--config", cfg.to_str().unwrap(), "--json"]);
-    assert_eq!(code(&out), exit::CATALOG, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(code(&out), exit::SERVICE, "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     let by = |p: &str| lines.iter().find(|l| l["pipeline"] == p).unwrap().clone();
@@ -1220,8 +1256,10 @@ async fn service_follows_reloads_reports_and_stops() {
     assert!(by("ghost")["last_error"].as_str().unwrap().contains("not found"), "{lines:?}");
     // asked where no instance runs, every pipeline says so
     let elsewhere = cdc(&["status", "--config", cfg.to_str().unwrap(), "--metrics-address", &format!("127.0.0.1:{}", free_port())]);
-    assert_eq!(code(&elsewhere), exit::CATALOG);
+    assert_eq!(code(&elsewhere), exit::SERVICE);
     assert_eq!(String::from_utf8_lossy(&elsewhere.stdout).matches("owner unreachable").count(), 2, "{}", String::from_utf8_lossy(&elsewhere.stdout));
+    let said = String::from_utf8_lossy(&elsewhere.stderr);
+    assert!(said.contains("no instance of this service is running") && !said.contains("catalog"), "said plainly: {said}");
 
     // SIGHUP: a new pipeline starts, the broken one is removed
     std::fs::write(
@@ -1239,6 +1277,13 @@ async fn service_follows_reloads_reports_and_stops() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(child.try_wait().unwrap().is_none(), "a bad reload must not stop the service");
     assert!(log().contains("reload refused"), "{}", log());
+    // … and visible where operators look: metrics and /status
+    let m = http_get(port, "/metrics").1;
+    assert_eq!(metric(&m, "cdc_config_reload_failures_total", ""), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "cdc_config_last_reload_success", ""), Some(0.0), "{m}");
+    let status: serde_json::Value = serde_json::from_str(&http_get(port, "/status").1).unwrap();
+    assert_eq!(status["last_reload"]["taken"], false, "{status}");
+    assert!(status["last_reload"]["error"].as_str().unwrap().contains("bogus"), "{status}");
 
     signal(&child, libc::SIGTERM);
     // the shutdown timeout is 10 s

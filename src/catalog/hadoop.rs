@@ -137,7 +137,10 @@ impl HadoopCatalog {
     fn write_version(&self, meta_dir: &Path, version: u64, metadata: &TableMetadata) -> Result<()> {
         let json = serde_json::to_vec(metadata).map_err(|e| Error::Internal(e.to_string()))?;
         let tmp = meta_dir.join(format!(".v{version}-{}.tmp", uuid::Uuid::new_v4()));
-        std::fs::write(&tmp, &json).at(&tmp)?;
+        if let Err(e) = std::fs::write(&tmp, &json) {
+            let _ = std::fs::remove_file(&tmp); // a full disk leaves a partial file: never leave it behind
+            return Err(Error::io(tmp.display().to_string(), e, false));
+        }
         let target = meta_dir.join(format!("v{version}.metadata.json"));
         // link(2) fails if the target exists: exactly one committer wins version N.
         let linked = std::fs::hard_link(&tmp, &target);
@@ -150,8 +153,13 @@ impl HadoopCatalog {
             });
         }
         let hint_tmp = meta_dir.join(format!(".hint-{}.tmp", uuid::Uuid::new_v4()));
-        std::fs::write(&hint_tmp, version.to_string()).at(&hint_tmp)?;
-        std::fs::rename(&hint_tmp, meta_dir.join(VERSION_HINT)).at(meta_dir.join(VERSION_HINT))?;
+        // The commit has landed with the link: the version hint is only a hint (readers fall back to listing), so
+        // failing to write it must not report the commit as failed — its caller would delete files it references.
+        let hinted = std::fs::write(&hint_tmp, version.to_string()).and_then(|()| std::fs::rename(&hint_tmp, meta_dir.join(VERSION_HINT)));
+        if let Err(e) = hinted {
+            let _ = std::fs::remove_file(&hint_tmp);
+            tracing::warn!(dir = %meta_dir.display(), version, error = %e, "committed, but the version hint could not be written; readers find the version by listing");
+        }
         Ok(())
     }
 }

@@ -77,6 +77,9 @@ pub struct RestClient {
     /// Per table URL: the `ETag` of its last full load and the metadata location that load returned, for
     /// conditional loads ([`RestClient::unchanged_location`]). Only tables whose server sends an ETag are here.
     etags: std::sync::Mutex<HashMap<String, (String, String)>>,
+    /// The secret values of the catalog's properties (tokens, credentials, keys, secret headers): never shown in a
+    /// message, whatever a server echoes back ([`crate::redact`]).
+    secrets: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -163,6 +166,11 @@ impl RestClient {
             storage_props: HashMap::new(),
             label: label.to_string(),
             etags: Default::default(),
+            secrets: props
+                .iter()
+                .filter(|(k, _)| crate::redact::is_secret_key(k))
+                .flat_map(|(_, v)| std::iter::once(v.clone()).chain(v.split_once(':').map(|(id, secret)| [id.to_string(), secret.to_string()]).into_iter().flatten()))
+                .collect(),
         };
 
         let mut url = format!("{}/v1/config", client.base);
@@ -268,9 +276,16 @@ impl RestClient {
         }
     }
 
+    /// A server's error text without any secret this client holds (its properties' and the current token).
+    async fn server_text(&self, resp: reqwest::Response) -> String {
+        let text = server_message(&resp.text().await.unwrap_or_default());
+        let token = self.token().await.ok().flatten().map(|t| t.secret.clone());
+        crate::redact::redact(&text, self.secrets.iter().map(String::as_str).chain(token.as_deref()))
+    }
+
     async fn status_error(&self, url: &str, resp: reqwest::Response) -> Error {
         let status = resp.status();
-        let text = server_message(&resp.text().await.unwrap_or_default());
+        let text = self.server_text(resp).await;
         match status.as_u16() {
             401 | 403 => Error::Auth {
                 source_name: format!("{} catalog", self.label),
@@ -450,9 +465,9 @@ impl RestClient {
         let status = resp.status();
         match status.as_u16() {
             200..=299 => Ok(CommitOutcome::Committed),
-            409 => Ok(CommitOutcome::Conflict(server_message(&resp.text().await.unwrap_or_default()))),
+            409 => Ok(CommitOutcome::Conflict(self.server_text(resp).await)),
             500..=599 => {
-                let m = format!("HTTP {status}: {}", server_message(&resp.text().await.unwrap_or_default()));
+                let m = format!("HTTP {status}: {}", self.server_text(resp).await);
                 // the spec's 503: the service did not take the request; any other 5xx leaves its state unknown
                 Ok(if status.as_u16() == 503 { CommitOutcome::Unavailable(m) } else { CommitOutcome::Unknown(m) })
             }

@@ -100,9 +100,13 @@ pub async fn run_changes(
 ) -> Result<ChangesSummary> {
     let started = Instant::now();
     let meta = table.metadata();
-    let snapshots = lineage::resolve_range(&cfg.source.table, meta, from, to)?;
+    let (rewrite, snapshots) = match state_difference(&cfg.source.table, meta, from, to)? {
+        Some(chunk) => (chunk.rewrite, chunk.snapshots),
+        None => (None, lineage::resolve_range(&cfg.source.table, meta, from, to)?),
+    };
     // Output in the schema of the range's end, keys resolved there.
-    let out_schema = lineage::snapshot_schema(meta, snapshots.last());
+    let end = snapshots.last().or(rewrite.as_ref().map(|r| &r.to));
+    let out_schema = lineage::snapshot_schema(meta, end);
     let key_ids = changelog::resolve_key(&out_schema, cfg.source.key_columns.as_deref())?;
     // the writer's buffers run beside the scan: it gets its share of the budget, the scan the rest
     let writer_memory = crate::config::share_of(cfg.engine.memory_budget, crate::output::OUTPUT_SHARE);
@@ -112,6 +116,26 @@ pub async fn run_changes(
     let mut summary = ChangesSummary { table: cfg.source.table.clone(), snapshots: snapshots.len(), ..Default::default() };
     // Like Spark's changelog, ordinals count the snapshots that can carry changes: compactions get none.
     let mut ordinal = 0i32;
+    if let Some(rw) = &rewrite {
+        // A not an ancestor of B: the changes that turn A's state into B's (see `plan`)
+        summary.snapshots += rw.undo.len();
+        let mut out = WriterConsumer(writer.as_mut());
+        let mut inverse = crate::change::Inverse::new(&mut out);
+        if let Some(from) = &rw.clear {
+            scan.scan_contents(from, &mut inverse).await?;
+            inverse.flush().await?;
+        }
+        for snap in &rw.undo {
+            scan.scan_snapshot(snap, ordinal, &mut inverse).await?;
+            inverse.flush().await?;
+            if snap.summary().operation != iceberg::spec::Operation::Replace {
+                ordinal += 1;
+            }
+        }
+        if rw.copy {
+            scan.scan_contents(&rw.to, &mut out).await?;
+        }
+    }
     for snap in &snapshots {
         let st = scan.scan_snapshot(snap, ordinal, &mut WriterConsumer(writer.as_mut())).await?;
         if snap.summary().operation != iceberg::spec::Operation::Replace {
@@ -133,6 +157,22 @@ pub async fn run_changes(
     writer.finish()?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// When `from` is a snapshot that is not an ancestor of the range's end (rolled back, another line of history, a
+/// replaced table's): the one chunk whose changes turn the source's state at `from` into its state at the end, as a
+/// sink following a rewrite of the history gets it ([`plan::chunks`]). `None`: an ordinary range.
+fn state_difference(table: &str, meta: &iceberg::spec::TableMetadata, from: Option<Bound>, to: Option<Bound>) -> Result<Option<Chunk>> {
+    let Some(Bound::Snapshot(a)) = from else { return Ok(None) };
+    let Some(end) = lineage::resolve_range(table, meta, None, to)?.last().cloned() else { return Ok(None) };
+    let on_main = meta.current_snapshot_id().is_some_and(|head| lineage::is_ancestor(meta, a, head));
+    if meta.snapshot_by_id(a).is_none() || lineage::is_ancestor(meta, a, end.snapshot_id()) || on_main {
+        // expired, an ordinary range, or one given the wrong way round along the main branch: the ordinary path says
+        return Ok(None);
+    }
+    let range = plan::Range { meta, name: table, end: &end };
+    let start = plan::decide_start(range, table, None, Some(a), Initial::Copy, crate::config::OnHistoryRewrite::Follow)?;
+    Ok(plan::chunks(range, start, 1)?.into_iter().next())
 }
 
 /// The live rows of `table`'s current snapshot (deletes of every kind applied), counted by the engine's own reader
@@ -204,6 +244,8 @@ pub struct SyncSummary {
     pub retries: u32,
     /// Times the run planned again because another writer moved the target's progress.
     pub replans: u32,
+    /// The source's history was rewritten under the destination, and the run followed it (one commit).
+    pub history_rewrite: Option<HistoryRewrite>,
     /// Target snapshots the run's commits expired, and the files only they referenced that went with them.
     pub snapshots_expired: u64,
     /// Files deleted with the expired snapshots.
@@ -219,6 +261,56 @@ pub struct SyncSummary {
     /// Object-store requests and bytes during this run (zero on local disk; process-wide, so in a service running
     /// several pipelines at once it includes theirs).
     pub object_store: crate::storage::IoStats,
+}
+
+/// A rewrite of the source's history that a run followed (see [`plan`]'s module docs).
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryRewrite {
+    /// rollback, rewrite, replace or recreate.
+    pub kind: crate::sink::RewriteKind,
+    /// The source snapshot the destination was at (`null`: the progress of a dropped table).
+    pub from_snapshot: Option<i64>,
+    /// The source snapshot it is at now.
+    pub to_snapshot: i64,
+    /// Source snapshots whose changes were undone.
+    pub undone_snapshots: usize,
+    /// Rows the following commit inserted, deleted and updated.
+    pub inserts: u64,
+    /// See `inserts`.
+    pub deletes: u64,
+    /// See `inserts`.
+    pub updates: u64,
+}
+
+impl HistoryRewrite {
+    /// Event: the one log line of a followed rewrite (the service counts it in `cdc_history_rewrites_total`).
+    fn log(&self, sink: &str, source: &str, target_snapshot: i64) {
+        tracing::warn!(
+            sink, source, kind = self.kind.as_str(), from_snapshot = self.from_snapshot, to_snapshot = self.to_snapshot,
+            undone_snapshots = self.undone_snapshots, inserts = self.inserts, deletes = self.deletes, updates = self.updates,
+            target_snapshot,
+            "the source's history was rewritten ({}); one commit brought the destination to the source's state at snapshot {}",
+            self.kind.as_str(), self.to_snapshot
+        );
+    }
+
+    /// The rewrite a landed commit of `chunk` followed, if it followed one.
+    fn of(chunk: &Chunk, stats: &CommitStats) -> Option<Self> {
+        let (kind, from_snapshot, undone_snapshots) = match &chunk.rewrite {
+            Some(rw) => (rw.kind, rw.from, rw.undo.len()),
+            None if stats.recreated => (crate::sink::RewriteKind::Recreate, None, 0),
+            None => return None,
+        };
+        Some(HistoryRewrite {
+            kind,
+            from_snapshot,
+            to_snapshot: chunk.last().snapshot_id(),
+            undone_snapshots,
+            inserts: stats.inserts,
+            deletes: stats.deletes,
+            updates: stats.updates,
+        })
+    }
 }
 
 /// What a caller that runs syncs repeatedly (the service) hands each run.
@@ -261,7 +353,14 @@ pub(crate) fn source_info(cfg: &Config, source: &Table, end: &iceberg::spec::Sna
         lineage::snapshot_schema(smeta, Some(end))
     };
     let key_ids = changelog::resolve_key(&names_schema, cfg.source.key_columns.as_deref())?;
-    Ok(SourceInfo { uuid: smeta.uuid().to_string(), name: cfg.source.table.clone(), metadata: source.metadata_ref(), key_ids, names_schema })
+    Ok(SourceInfo {
+        uuid: smeta.uuid().to_string(),
+        name: cfg.source.table.clone(),
+        metadata: source.metadata_ref(),
+        key_ids,
+        names_schema,
+        on_history_rewrite: cfg.source.on_history_rewrite,
+    })
 }
 
 /// `cdc sync`: replicates the source range `(from, to]` into `sinks` (from [`crate::sink::open`]) and returns what
@@ -326,7 +425,7 @@ pub async fn run(
         plan::Sharing::CatchUp { behind, to: ahead } => {
             for i in behind {
                 let s = sinks[i].as_mut();
-                tracing::info!(sink = %s.label(), from = ?recorded[i], to = ahead, "catching up alone before the shared read");
+                tracing::info!(sink = %s.label(), from = recorded[i], to = ahead, "catching up alone before the shared read");
                 caught_up += run_sink(cfg, source, s, from, Some(Bound::Snapshot(ahead)), control, &mut on_commit).await?.source_snapshots_applied;
             }
         }
@@ -422,11 +521,30 @@ impl Feed for ScanFeed<'_> {
                 stats.spilled_bytes += st.spilled_bytes();
                 stats.one_pass_memory_budget = stats.one_pass_memory_budget.max(warn_in_parts(&st));
             };
+            let mut ordinal = 0i32;
+            if let Some(rw) = &chunk.rewrite {
+                // the undone rows become rows to insert again: they are read whole
+                self.scan.set_removed_columns(None);
+                let mut inverse = crate::change::Inverse::new(&mut rows);
+                if let Some(from) = &rw.clear {
+                    add(self.scan.scan_contents(from, &mut inverse).await?);
+                    inverse.flush().await?;
+                }
+                for s in &rw.undo {
+                    add(self.scan.scan_snapshot(s, ordinal, &mut inverse).await?);
+                    inverse.flush().await?;
+                    ordinal += 1;
+                }
+                if rw.copy {
+                    add(self.scan.scan_contents(&rw.to, &mut rows).await?);
+                }
+            }
             if chunk.bootstrap {
                 add(self.scan.scan_contents(chunk.last(), &mut rows).await?);
             } else {
-                for (ordinal, s) in chunk.snapshots.iter().enumerate() {
-                    add(self.scan.scan_snapshot(s, ordinal as i32, &mut rows).await?);
+                for s in &chunk.snapshots {
+                    add(self.scan.scan_snapshot(s, ordinal, &mut rows).await?);
+                    ordinal += 1;
                 }
             }
             Ok(())
@@ -455,7 +573,7 @@ async fn apply(
     let mut replans = 0u32;
     loop {
         let recorded = sink.recorded(info).await?;
-        let start = plan::decide_start(range, &label, from, recorded, sink.initial())?;
+        let start = plan::decide_start(range, &label, from, recorded, sink.initial(), info.on_history_rewrite)?;
         let (first_schema, bootstrap) = match start {
             plan::Start::Done(p) => {
                 if replans == 0 && p != end {
@@ -466,12 +584,12 @@ async fn apply(
             }
             plan::Start::Bootstrap => (range.schema_at(range.end), true),
             plan::Start::After(a) => (range.schema_at(&range.snapshot(a)?), false),
-            plan::Start::Beginning => (range.schema_at(range.end), false),
+            plan::Start::Beginning | plan::Start::Rewritten { .. } => (range.schema_at(range.end), false),
         };
         // Re-check on the state the sink will commit on: it may have changed since `recorded`.
         if sink.prepare(info, &first_schema, bootstrap).await? == recorded {
             let mut base = match start {
-                plan::Start::After(a) => Some(a),
+                plan::Start::After(a) | plan::Start::Rewritten { from: a, .. } => Some(a),
                 _ => None,
             };
             let chunks = plan::chunks(range, start, per_commit)?;
@@ -490,6 +608,10 @@ async fn apply(
                 match sink.commit(info, stop).await? {
                     Committed::Done { id, stats } => {
                         summary.bootstrap |= chunk.bootstrap;
+                        if let Some(followed) = HistoryRewrite::of(&chunk, &stats) {
+                            followed.log(&label, &info.name, id);
+                            summary.history_rewrite = Some(followed);
+                        }
                         done += pending.len();
                         record(summary, &pending, Some(id), stats, (planned, done), on_commit);
                         pending.clear();
@@ -671,6 +793,7 @@ mod tests {
             uuid: meta.uuid().to_string(),
             name: "db.t".into(),
             names_schema: meta.current_schema().clone(),
+            on_history_rewrite: Default::default(),
             metadata: std::sync::Arc::new(meta.clone()),
             key_ids: vec![1],
         };

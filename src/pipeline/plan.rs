@@ -3,12 +3,22 @@
 //! ([`share`]). The apply loop in `pipeline` only carries them out, so every rule here is tested without a catalog.
 //!
 //! Invariants: a run never re-applies a source snapshot a sink records, never skips one (a `--from` that would is a
-//! gap error), and never moves a sink's progress backwards; every plan's last commit is forced, so the sink ends
-//! recording exactly the end of the range.
+//! gap error), and never moves a sink's progress backwards along the source's history; every plan's last commit is
+//! forced, so the sink ends recording exactly the end of the range.
+//!
+//! History rewrites: when the sink's progress `p` is no longer on the history of the range's end `e` (the owner rolled
+//! back, cherry-picked onto another line, set the current snapshot to an orphan, or replaced the table), the plan is
+//! one commit that brings the sink from the source's state at `p` to its state at `e` ([`Start::Rewritten`]): with a
+//! common ancestor `c` (the newest ancestor of `p` that is also one of `e`), the inverse of the changes of `(c, p]`,
+//! newest first, then the changes of `(c, e]` — a rollback is the case `c = e`; without one, every row of `p` deleted
+//! and every row of `e` inserted. Both are exact for any sink that applies change rows in order, and need only
+//! snapshots the source still has. A progress still on the current main branch is never undone: a `--to` before it
+//! is simply done.
 use iceberg::spec::{SnapshotRef, TableMetadata};
 
+use crate::config::OnHistoryRewrite;
 use crate::error::{Error, Result};
-use crate::sink::{Chunk, Initial};
+use crate::sink::{Chunk, Initial, Rewrite, RewriteKind};
 use crate::spec::lineage::{self, Bound};
 
 /// Where a run starts, decided from the sink's recorded progress and the user's `--from`.
@@ -22,6 +32,16 @@ pub(crate) enum Start {
     Beginning,
     /// The sink is already at or past the end of the range.
     Done(i64),
+    /// The sink's progress `from` is off the end's history: undo back to `common` (none: every row of `from`), then
+    /// apply up to the end.
+    Rewritten {
+        /// The sink's progress.
+        from: i64,
+        /// The newest snapshot on both histories.
+        common: Option<i64>,
+        /// What happened, by the shape of the histories.
+        kind: RewriteKind,
+    },
 }
 
 /// The source range a run covers: the table's metadata, its name (for messages) and the range's end snapshot.
@@ -65,12 +85,21 @@ pub(crate) fn resolve_bound(table: &str, meta: &TableMetadata, b: Bound) -> Resu
 /// | none | none | bootstrap copy, or the beginning (per sink) |
 /// | none | a | after a |
 /// | p ≥ end | any | done |
-/// | p, expired or off the end's history | any | error: recreate the target |
+/// | p, expired | any | error: recreate the target |
+/// | p, off the end's history (rolled back, replaced) | any | the history was rewritten: follow it, or stop by `policy` |
 /// | p | none, or a ≤ p | after p (what is applied is skipped) |
 /// | p | a > p | error: a gap |
 ///
-/// A `--from` that is not an ancestor of the end is an error in every row.
-pub(crate) fn decide_start(range: Range, target: &str, from: Option<i64>, recorded: Option<i64>, initial: Initial) -> Result<Start> {
+/// "Past the end" needs p on the source's current main branch: a p the source rolled back from is rewritten even
+/// when the end is one of its ancestors. A `--from` that is not an ancestor of the end is an error in every row.
+pub(crate) fn decide_start(
+    range: Range,
+    target: &str,
+    from: Option<i64>,
+    recorded: Option<i64>,
+    initial: Initial,
+    policy: OnHistoryRewrite,
+) -> Result<Start> {
     let Range { meta, name, end } = range;
     let end = end.snapshot_id();
     let on_history = |id: i64| lineage::is_ancestor(meta, id, end);
@@ -97,13 +126,21 @@ pub(crate) fn decide_start(range: Range, target: &str, from: Option<i64>, record
             "the target `{target}` is at source snapshot {p}, which no longer exists in `{name}` (expired); the changes since then cannot be read — drop the target and sync again to copy the source afresh"
         )));
     }
-    if p == end || lineage::is_ancestor(meta, end, p) {
+    let on_main = meta.current_snapshot_id().is_some_and(|head| lineage::is_ancestor(meta, p, head));
+    if p == end || (on_main && lineage::is_ancestor(meta, end, p)) {
         return Ok(Start::Done(p)); // already at or past the end
     }
     if !on_history(p) {
-        return Err(Error::Range(format!(
-            "the target `{target}` is at source snapshot {p}, which is not on the history of {end} in `{name}` (the source was rolled back past it); recreate the target"
-        )));
+        let common = lineage::ancestors(meta, Some(p)).map(|s| s.snapshot_id()).find(|&s| on_history(s));
+        let kind = match common {
+            Some(c) if c == end => RewriteKind::Rollback,
+            Some(_) => RewriteKind::Rewrite,
+            None => RewriteKind::Replace,
+        };
+        if policy == OnHistoryRewrite::Stop {
+            return Err(Error::HistoryRewritten { table: name.into(), target: target.into(), kind: kind.as_str(), from: p.to_string(), to: end });
+        }
+        return Ok(Start::Rewritten { from: p, common, kind });
     }
     match from {
         // what is already applied is skipped
@@ -127,9 +164,11 @@ pub(crate) fn chunks(range: Range, start: Start, per_commit: usize) -> Result<Ve
                 schema: range.schema_at(range.end),
                 base: None,
                 must_commit: true,
+                rewrite: None,
             }])
         }
         Start::Done(_) => return Ok(Vec::new()),
+        Start::Rewritten { from, common, kind } => return Ok(vec![rewrite_chunk(range, from, common, kind)?]),
         Start::After(a) => Some(Bound::Snapshot(a)),
         Start::Beginning => None,
     };
@@ -145,8 +184,36 @@ pub(crate) fn chunks(range: Range, start: Start, per_commit: usize) -> Result<Ve
             schema: range.schema_at(g.last().expect("chunks are not empty")),
             base: None,
             must_commit: i + 1 == n,
+            rewrite: None,
         })
         .collect())
+}
+
+/// The one commit that follows a rewrite of the source's history from `from` to the range's end (see the module
+/// docs): every snapshot it reads exists, since `common` was found walking `from`'s ancestors.
+fn rewrite_chunk(range: Range, from: i64, common: Option<i64>, kind: RewriteKind) -> Result<Chunk> {
+    let end = range.end.clone();
+    let from_snap = range.snapshot(from)?;
+    let (undo, clear, snapshots) = match common {
+        Some(c) => {
+            let undo: Vec<SnapshotRef> = lineage::ancestors(range.meta, Some(from)).take_while(|s| s.snapshot_id() != c).collect();
+            let forward = if c == end.snapshot_id() {
+                Vec::new()
+            } else {
+                lineage::resolve_range(range.name, range.meta, Some(Bound::Snapshot(c)), Some(Bound::Snapshot(end.snapshot_id())))?
+            };
+            (undo, None, forward)
+        }
+        None => (Vec::new(), Some(from_snap), Vec::new()),
+    };
+    Ok(Chunk {
+        schema: range.schema_at(&end),
+        rewrite: Some(Rewrite { kind, from: Some(from), to: end, undo, copy: clear.is_some(), clear }),
+        snapshots,
+        bootstrap: false,
+        base: None,
+        must_commit: true,
+    })
 }
 
 /// How sinks fed by one read of the source run.
@@ -191,7 +258,7 @@ mod tests {
     fn start(end: i64, from: Option<i64>, recorded: Option<i64>, initial: Initial) -> Result<Start> {
         let meta = table();
         let end = meta.snapshot_by_id(end).unwrap().clone();
-        decide_start(Range { meta: &meta, name: "db.t", end: &end }, "r.t", from, recorded, initial)
+        decide_start(Range { meta: &meta, name: "db.t", end: &end }, "r.t", from, recorded, initial, OnHistoryRewrite::Follow)
     }
 
     fn err(r: Result<Start>) -> String {
@@ -216,12 +283,58 @@ mod tests {
         // a gap
         let e = err(start(4, Some(3), Some(2), Copy));
         assert!(e.contains("gap") && e.contains("--from-snapshot 2"), "{e}");
-        // progress expired, or rolled back past
+        // progress expired
         assert!(err(start(4, None, Some(77), Copy)).contains("no longer exists"));
-        assert!(err(start(4, None, Some(9), Copy)).contains("rolled back past it"));
+        // progress on a line the source left (9 forks from 2): undone back to 2, then 3 and 4 applied
+        assert_eq!(start(4, None, Some(9), Copy).unwrap(), Start::Rewritten { from: 9, common: Some(2), kind: RewriteKind::Rewrite });
+        assert_eq!(start(2, None, Some(9), Copy).unwrap(), Start::Rewritten { from: 9, common: Some(2), kind: RewriteKind::Rollback });
         // --from after the end, or off its history
         assert!(err(start(2, Some(4), None, Copy)).contains("after the end of the range"));
         assert!(err(start(4, Some(9), None, Copy)).contains("not on the history"));
+    }
+
+    /// main after a rollback to 2: 1 ← 2 (current); 2 ← 3 ← 4 left behind; 7 ← 8 a replacement's own line.
+    fn rolled_back() -> TableMetadata {
+        let s = |id, parent, seq| (id, parent, seq, 1_000 * id, json!({}));
+        metadata(&[s(1, None, 1), s(2, Some(1), 2), s(3, Some(2), 3), s(4, Some(3), 4), s(7, None, 5), s(8, Some(7), 6)], json!({}), json!({}), 2)
+    }
+
+    #[test]
+    fn a_progress_the_source_left_is_followed_back_never_taken_for_done() {
+        let meta = rolled_back();
+        let at = |end: i64, recorded: i64, policy| {
+            let end = meta.snapshot_by_id(end).unwrap().clone();
+            decide_start(Range { meta: &meta, name: "db.t", end: &end }, "r.t", None, Some(recorded), Initial::Copy, policy)
+        };
+        // the source went back from 4 to 2: 2 is an ancestor of 4, yet the target is not done — it holds 3 and 4
+        assert_eq!(at(2, 4, OnHistoryRewrite::Follow).unwrap(), Start::Rewritten { from: 4, common: Some(2), kind: RewriteKind::Rollback });
+        // a progress still on the main branch past a --to is done
+        assert_eq!(at(1, 2, OnHistoryRewrite::Follow).unwrap(), Start::Done(2));
+        // a replacement shares nothing with 4
+        assert_eq!(at(8, 4, OnHistoryRewrite::Follow).unwrap(), Start::Rewritten { from: 4, common: None, kind: RewriteKind::Replace });
+        // stop: a clear error with its own exit code, never done
+        let e = at(2, 4, OnHistoryRewrite::Stop).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::exit::HISTORY);
+        assert!(e.to_string().contains("rollback") && e.to_string().contains("on_history_rewrite"), "{e}");
+    }
+
+    #[test]
+    fn a_rewrite_is_one_commit_undoing_newest_first_then_applying_forward() {
+        let meta = rolled_back();
+        let ids = |v: &[SnapshotRef]| v.iter().map(|s| s.snapshot_id()).collect::<Vec<_>>();
+        let chunk = |end: i64, from, common, kind| {
+            let end = meta.snapshot_by_id(end).unwrap().clone();
+            let cs = chunks(Range { meta: &meta, name: "db.t", end: &end }, Start::Rewritten { from, common, kind }, 10).unwrap();
+            assert_eq!(cs.len(), 1);
+            cs.into_iter().next().unwrap()
+        };
+        let c = chunk(2, 4, Some(2), RewriteKind::Rollback);
+        let rw = c.rewrite.as_ref().unwrap();
+        assert_eq!((ids(&rw.undo), ids(&c.snapshots), c.last().snapshot_id(), c.steps()), (vec![4, 3], vec![], 2, 2));
+        assert!(c.must_commit && rw.clear.is_none() && !rw.copy);
+        let c = chunk(8, 4, None, RewriteKind::Replace);
+        let rw = c.rewrite.as_ref().unwrap();
+        assert_eq!((rw.clear.as_ref().map(|s| s.snapshot_id()), rw.copy, ids(&rw.undo), c.last().snapshot_id()), (Some(4), true, vec![], 8));
     }
 
     #[test]

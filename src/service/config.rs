@@ -208,6 +208,9 @@ pub struct PipelineSource {
     pub catalog: String,
     pub table: String,
     pub key_columns: Option<Vec<String>>,
+    /// See [`crate::config::OnHistoryRewrite`].
+    #[serde(default)]
+    pub on_history_rewrite: crate::config::OnHistoryRewrite,
 }
 
 /// A destination of a pipeline's changes.
@@ -348,7 +351,12 @@ impl ServiceConfig {
             let (Some(scat), poll) = (self.catalogs.get(&pl.source.catalog), pl.poll_interval.unwrap_or(self.service.poll_interval)) else {
                 continue;
             };
-            let source = SourceConfig { table: pl.source.table.clone(), key_columns: pl.source.key_columns.clone(), catalog: scat.clone() };
+            let source = SourceConfig {
+                table: pl.source.table.clone(),
+                key_columns: pl.source.key_columns.clone(),
+                catalog: scat.clone(),
+                on_history_rewrite: pl.source.on_history_rewrite,
+            };
             let icebergs: Vec<&TargetConfig<String>> =
                 pl.sinks.iter().filter_map(|s| if let SinkConfig::Iceberg(t) = s { Some(t) } else { None }).collect();
             let kafkas: Vec<&KafkaConfig> = pl.sinks.iter().filter_map(|s| if let SinkConfig::Kafka(k) = s { Some(k) } else { None }).collect();

@@ -122,6 +122,9 @@ pub(crate) struct InstanceStatus {
     pub(crate) instance: String,
     /// Its loops.
     pub(crate) pipelines: Vec<LoopStatus>,
+    /// Its last configuration reload (SIGHUP), taken or refused.
+    #[serde(default)]
+    pub(crate) last_reload: Option<crate::service::telemetry::ReloadStatus>,
 }
 
 fn status_json(t: &Telemetry, stall: Duration, instance: &str) -> String {
@@ -147,5 +150,5 @@ fn status_json(t: &Telemetry, stall: Duration, instance: &str) -> String {
             }
         })
         .collect();
-    serde_json::to_string(&InstanceStatus { instance: instance.to_string(), pipelines }).unwrap_or_default()
+    serde_json::to_string(&InstanceStatus { instance: instance.to_string(), pipelines, last_reload: t.last_reload() }).unwrap_or_default()
 }

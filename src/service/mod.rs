@@ -164,7 +164,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
             }
             _ = hup.recv() => {
                 match ServiceConfig::load(path) {
-                    Err(e) => tracing::error!(error = %e, "reload refused; the running configuration stays"),
+                    Err(e) => telemetry.reloaded(Some(&e)),
                     Ok(mut new) => {
                         settings = new.service.clone();
                         match &mut ownership {
@@ -177,7 +177,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                         }
                         current = new;
                         reload(&mut running, ownership.runs(&current), &telemetry, &limits).await;
-                        tracing::info!(loops = running.len(), "configuration reloaded");
+                        telemetry.reloaded(None);
                     }
                 }
             }
@@ -189,7 +189,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     // Shutdown follows the data flow: stop polling, let in-flight commits finish (or abandon them before the catalog
     // call), give up at the deadline.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down");
+    tracing::info!(timeout_seconds = settings.shutdown_timeout.as_secs_f64(), "shutting down");
     for r in running.values() {
         let _ = r.stop.send(true);
     }

@@ -117,11 +117,16 @@ pub struct Telemetry {
     lag_seconds: Family<RunLabels, Gauge<f64, AtomicU64>>,
     lag_snapshots: Family<RunLabels, Gauge>,
     last_commit: Family<RunLabels, Gauge<f64, AtomicU64>>,
+    reload_failures: Counter,
+    last_reload_time: Gauge<f64, AtomicU64>,
+    last_reload_success: Gauge,
+    last_reload: Mutex<Option<ReloadStatus>>,
     rows: Family<RowLabels, Counter>,
     commits: Family<RunLabels, Counter>,
     commit_duration: HistogramFamily,
     retries: Family<RunLabels, Counter>,
     replans: Family<RunLabels, Counter>,
+    history_rewrites: Family<ErrorLabels, Counter>,
     spilled: Family<RunLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     bytes: Family<RunLabels, Counter>,
@@ -146,6 +151,17 @@ pub struct Telemetry {
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
 }
 
+/// The last configuration reload, as `/status` shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub(crate) struct ReloadStatus {
+    /// When it happened (Unix time).
+    pub(crate) at_unix_seconds: f64,
+    /// Whether the new configuration was taken.
+    pub(crate) taken: bool,
+    /// Why it was refused.
+    pub(crate) error: Option<String>,
+}
+
 fn commit_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.01, 2.0, 14))
 }
@@ -157,11 +173,16 @@ impl Telemetry {
             lag_seconds: Family::default(),
             lag_snapshots: Family::default(),
             last_commit: Family::default(),
+            reload_failures: Counter::default(),
+            last_reload_time: Gauge::default(),
+            last_reload_success: Gauge::default(),
+            last_reload: Mutex::new(None),
             rows: Family::default(),
             commits: Family::default(),
             commit_duration: Family::new_with_constructor(commit_histogram as fn() -> Histogram),
             retries: Family::default(),
             replans: Family::default(),
+            history_rewrites: Family::default(),
             spilled: Family::default(),
             errors: Family::default(),
             bytes: Family::default(),
@@ -199,6 +220,9 @@ impl Telemetry {
             Unit::Seconds,
             t.last_commit.clone(),
         );
+        registry.register("cdc_config_reload_failures", "Configuration reloads (SIGHUP) refused: the running configuration stayed", t.reload_failures.clone());
+        registry.register_with_unit("cdc_config_last_reload_timestamp", "Unix time of the last configuration reload", Unit::Seconds, t.last_reload_time.clone());
+        registry.register("cdc_config_last_reload_success", "Whether the last configuration reload was taken (1) or refused (0)", t.last_reload_success.clone());
         registry.register("cdc_rows", "Change rows applied, by change type", t.rows.clone());
         registry.register("cdc_commits", "Target commits", t.commits.clone());
         registry.register_with_unit(
@@ -208,6 +232,11 @@ impl Telemetry {
             t.commit_duration.clone(),
         );
         registry.register("cdc_commit_retries", "Commit attempts repeated after a conflict or transient failure", t.retries.clone());
+        registry.register(
+            "cdc_history_rewrites",
+            "Rewrites of a source's history (kind: rollback, rewrite, replace, recreate) a pipeline followed with one commit",
+            t.history_rewrites.clone(),
+        );
         registry.register("cdc_replans", "Runs planned again because another writer moved the target's progress", t.replans.clone());
         registry.register_with_unit(
             "cdc_spilled",
@@ -430,10 +459,36 @@ impl Telemetry {
         }
     }
 
+    /// Event: a configuration reload (SIGHUP) was taken, or refused with `error` (the running configuration stays):
+    /// logged, counted, and shown on `/status`.
+    pub fn reloaded(&self, error: Option<&Error>) {
+        match error {
+            Some(e) => {
+                tracing::error!(error = %e, "reload refused; the running configuration stays");
+                self.reload_failures.inc();
+            }
+            None => tracing::info!("configuration reloaded"),
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        self.last_reload_time.set(now);
+        self.last_reload_success.set(i64::from(error.is_none()));
+        let status = ReloadStatus { at_unix_seconds: now, taken: error.is_none(), error: error.map(|e| e.to_string()) };
+        *self.last_reload.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    }
+
+    /// The last configuration reload, for `/status`.
+    pub(crate) fn last_reload(&self) -> Option<ReloadStatus> {
+        self.last_reload.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Event: a sync run ended (its retries, re-plans and spilled bytes are counted).
     pub fn synced(&self, l: &RunLabels, s: &SyncSummary) {
         self.retries.get_or_create(l).inc_by(s.retries as u64);
         self.replans.get_or_create(l).inc_by(s.replans as u64);
+        if let Some(h) = &s.history_rewrite {
+            let kind = h.kind.as_str().into();
+            self.history_rewrites.get_or_create(&ErrorLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), kind }).inc();
+        }
         self.spilled.get_or_create(l).inc_by(s.spilled_bytes);
     }
 
@@ -443,7 +498,7 @@ impl Telemetry {
         if permanent {
             tracing::error!(pipeline = %l.pipeline, sink = %l.sink, kind, error = %e, "pipeline stopped by a permanent error; fix it and reload (SIGHUP)");
         } else {
-            tracing::warn!(pipeline = %l.pipeline, sink = %l.sink, kind, error = %e, retry_in = ?retry_in, "poll failed; retrying");
+            tracing::warn!(pipeline = %l.pipeline, sink = %l.sink, kind, error = %e, retry_in_seconds = retry_in.map(|d| d.as_secs_f64()), "poll failed; retrying");
         }
         self.errors.get_or_create(&ErrorLabels { pipeline: l.pipeline.clone(), sink: l.sink.clone(), kind: kind.into() }).inc();
         self.healthy.get_or_create(l).set(0);

@@ -65,6 +65,8 @@ pub struct SourceInfo {
     pub key_ids: Vec<i32>,
     /// The schema whose column names the user's configuration uses (equality columns are resolved in it).
     pub names_schema: SchemaRef,
+    /// What a destination does when the source's history was rewritten under it.
+    pub on_history_rewrite: crate::config::OnHistoryRewrite,
 }
 
 /// One commit the runner asks of a sink.
@@ -80,12 +82,66 @@ pub struct Chunk {
     pub base: Option<i64>,
     /// Commit even when nothing changed: the last commit of a run records how far it got.
     pub must_commit: bool,
+    /// The commit follows a rewrite of the source's history: what it undoes before the changes of `snapshots`.
+    pub rewrite: Option<Rewrite>,
 }
 
 impl Chunk {
     /// The last source snapshot of the commit (its progress).
     pub fn last(&self) -> &SnapshotRef {
-        self.snapshots.last().expect("a chunk has snapshots")
+        self.snapshots.last().or(self.rewrite.as_ref().map(|r| &r.to)).expect("a chunk has snapshots")
+    }
+
+    /// How many source snapshots' changes the commit carries (undone ones included): above one, a key may change
+    /// more than once in it.
+    pub fn steps(&self) -> usize {
+        self.snapshots.len() + self.rewrite.as_ref().map_or(0, |r| r.undo.len() + usize::from(r.clear.is_some()))
+    }
+}
+
+/// What a commit that follows a rewrite of the source's history undoes: the changes the source no longer has, newest
+/// first, or — without a common history — every row of the snapshot the destination was at. The commit then applies
+/// the chunk's snapshots (or, with `copy`, the rows of `to`), so the destination ends equal to the source at `to`.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    /// What happened to the source.
+    pub kind: RewriteKind,
+    /// The source snapshot the destination was at (`None`: a dropped table's, not known here).
+    pub from: Option<i64>,
+    /// The snapshot the commit brings the destination to (its progress).
+    pub to: SnapshotRef,
+    /// Snapshots whose changes are undone (inverted), newest first: those after the common ancestor up to `from`.
+    pub undo: Vec<SnapshotRef>,
+    /// No common history: every row of this snapshot (`from`) is deleted …
+    pub clear: Option<SnapshotRef>,
+    /// … and every row of `to` inserted.
+    pub copy: bool,
+}
+
+/// What happened to a source's history under a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewriteKind {
+    /// The source went back to an ancestor of the destination's progress (`rollback_to_snapshot`, …).
+    Rollback,
+    /// The source went to another line of history that shares an ancestor with the progress (a rollback followed
+    /// by new commits, a cherry-pick onto another line, `set_current_snapshot` to an orphan).
+    Rewrite,
+    /// The source's new history shares nothing with the progress (`CREATE OR REPLACE TABLE`).
+    Replace,
+    /// Another table now has the source's name (`DROP TABLE` + `CREATE TABLE`: a new table uuid).
+    Recreate,
+}
+
+impl RewriteKind {
+    /// The name in summaries, logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RewriteKind::Rollback => "rollback",
+            RewriteKind::Rewrite => "rewrite",
+            RewriteKind::Replace => "replace",
+            RewriteKind::Recreate => "recreate",
+        }
     }
 }
 
@@ -118,6 +174,9 @@ pub struct CommitStats {
     pub seconds: f64,
     /// What the sink's maintenance of its destination did with this commit.
     pub maintenance: MaintenanceStats,
+    /// The commit replaced every row of a dropped source table of the same name with a copy of the new one.
+    #[serde(skip)]
+    pub recreated: bool,
 }
 
 /// Maintenance a sink did to its destination with a commit — snapshot expiry, manifest merging, compaction — for metrics and

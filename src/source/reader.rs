@@ -329,7 +329,9 @@ pub fn project(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch> {
         }
         None => batch,
     };
-    // The target may declare a column required that older files lack; we are reading, not validating.
+    // a column the table requires must be in the file (the reader's schemas are relaxed: the requirement travels
+    // as schema metadata, see `integrity::require`)
+    crate::spec::integrity::check_present(&batch.schema(), target).map_err(Error::Schema)?;
     projection::project_batch(batch, &relax(target), &Some)
 }
 
@@ -418,6 +420,8 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
     let mut eq = EqDeletes { field_ids, keys: KeySet::with_capacity_and_hasher(capacity, ahash::RandomState::new()) };
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
+    // an equality-delete file without one of its equality columns would delete nothing: refused
+    let key_schema = crate::spec::integrity::require(key_schema, eq.field_ids.iter().copied());
     // equality deletes are held whole anyway (their keys), and read once per cached file: not gated
     let mut stream = read_data_file(file_io, path, entry.file.file_format(), key_schema, None, false).await?;
     while let Some(b) = stream.try_next().await? {

@@ -4,7 +4,8 @@
 //! output field id into the input's (the identity on the read side; target → source ids on the write side) — and
 //! by name only when the input carries no ids (files written without them). List elements and map keys/values are
 //! matched by position: the spec fixes their place. What the input lacks comes back null; primitive types that
-//! differ are cast (the spec's promotions: int→long, float→double, wider decimals). Names always come from the
+//! differ are converted only where that is exact (the spec's promotions and representation changes, see
+//! [`crate::spec::integrity`]) and refused otherwise. Names always come from the
 //! output, so a renamed column or nested field appears under its new name with its old values.
 use std::sync::Arc;
 
@@ -96,8 +97,15 @@ pub fn project_array(col: &ArrayRef, _from: &Field, to: &Field, map: &dyn Fn(i32
         (DataType::Struct(_) | DataType::List(_) | DataType::Map(..), _) | (_, DataType::Struct(_) | DataType::List(_) | DataType::Map(..)) => {
             Err(mismatch())
         }
-        _ => arrow_cast::cast(col, to.data_type())
-            .map_err(|e| Error::Schema(format!("column `{}`: cannot read {} as {}: {e}", to.name(), col.data_type(), to.data_type()))),
+        (from, want) => {
+            if !crate::spec::integrity::exact_conversion(from, want) {
+                return Err(Error::Schema(crate::spec::integrity::mismatch(to.name(), from, want)));
+            }
+            // exact by type; `safe = false`: a value that does not fit is an error, never a null
+            let opts = arrow_cast::CastOptions { safe: false, ..Default::default() };
+            arrow_cast::cast_with_options(col, want, &opts)
+                .map_err(|e| Error::Schema(format!("column `{}`: cannot read {from} as {want}: {e}", to.name())))
+        }
     }
 }
 

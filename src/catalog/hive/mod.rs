@@ -10,10 +10,16 @@
 //!    takes, so a Spark commit and ours are serialised;
 //! 3. under the lock, read the table again: its `metadata_location` must still be the one our change was planned on,
 //!    else the commit conflicts (the new file is deleted, the caller re-plans);
-//! 4. `alter_table_with_environment_context` with `metadata_location` swapped (and `previous_metadata_location`),
-//!    also asking the Metastore to check the expected old value itself (Hive 4 honours `expected_parameter_*`;
-//!    older Metastores ignore it and the lock alone guards);
+//! 4. `alter_table_with_environment_context` with `metadata_location` swapped (and `previous_metadata_location`).
+//!    Like Iceberg Java's default (locked) commit, it sends no `expected_parameter_*`: the lock already guards the
+//!    swap, and Hive 4 compares that parameter in SQL, which Derby and Oracle refuse on their CLOB column ("ERROR
+//!    42818: Comparisons between 'CLOB (UCS_BASIC)' …") — every commit would fail there;
 //! 5. release the lock — always, also after a failure.
+//!
+//! A lock held by another writer is waited for up to `lock_timeout` (default 3 minutes, Iceberg Java's
+//! `iceberg.hive.lock-timeout-ms`); past it the commit fails at once — no retry in the same run, which would only
+//! wait again — with the holder as the Metastore reports it (`show_locks`: lock id, user, host, agent, age), and the
+//! service retries later with backoff.
 //!
 //! A failure after the alter was sent leaves the outcome unknown; the caller settles it by reloading
 //! ([`super::Catalog`] checks for the new snapshot). The Metastore speaks Thrift ([`thrift`]); calls are blocking and
@@ -29,13 +35,15 @@ use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 
-use super::metastore::{self, METADATA_LOCATION};
+use super::metastore;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 use thrift::{CallError, Connection, Struct, Value};
 
-/// How long a commit waits for the table lock (Iceberg Java's default `iceberg.hive.lock-timeout-ms`).
+/// How long a commit waits for the table lock by default (Iceberg Java's default `iceberg.hive.lock-timeout-ms`).
 const LOCK_TIMEOUT: Duration = Duration::from_secs(180);
+/// Catalog key: how long a commit waits for the table lock (a humantime duration).
+pub(crate) const LOCK_TIMEOUT_KEY: &str = "lock_timeout";
 /// Per call: connect, send, and wait for the answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Attempts of a read call over fresh connections after transport errors.
@@ -79,6 +87,8 @@ pub struct HiveCatalog {
     props: HashMap<String, String>,
     /// The connection, opened on first use and after a transport error.
     conn: Arc<Mutex<Option<Connection>>>,
+    /// How long a commit waits for the table lock (`lock_timeout`).
+    lock_timeout: Duration,
 }
 
 /// Whether a call may be sent again after a transport error.
@@ -97,7 +107,12 @@ impl HiveCatalog {
             .filter(|a| !a.is_empty())
             .ok_or_else(|| Error::Config(vec![format!("hive catalog uri `{uri}` must be thrift://HOST:PORT")]))?;
         let addr = if addr.contains(':') { addr } else { format!("{addr}:9083") };
-        Ok(HiveCatalog { addr, warehouse, storage, props, conn: Arc::default() })
+        let lock_timeout = match props.get(LOCK_TIMEOUT_KEY) {
+            Some(v) => humantime::parse_duration(v).map_err(|e| Error::Config(vec![format!("hive catalog {LOCK_TIMEOUT_KEY}: `{v}`: {e}")]))?,
+            None => LOCK_TIMEOUT,
+        };
+        let props = props.into_iter().filter(|(k, _)| k != LOCK_TIMEOUT_KEY).collect();
+        Ok(HiveCatalog { addr, warehouse, storage, props, conn: Arc::default(), lock_timeout })
     }
 
     fn file_io(&self) -> FileIO {
@@ -310,10 +325,8 @@ impl HiveCatalog {
         if let Some(Value::Struct(sd)) = t.0.iter_mut().find(|(i, _)| *i == table::SD).map(|(_, v)| v) {
             sd.set(sd::COLS, columns(new_meta));
         }
-        let env = Struct::of([(
-            1,
-            Value::string_map([("DO_NOT_UPDATE_STATS", "true"), ("expected_parameter_key", METADATA_LOCATION), ("expected_parameter_value", base)]),
-        )]);
+        // no expected_parameter_*: under the lock it adds nothing, and Derby/Oracle-backed Hive 4 refuse it
+        let env = Struct::of([(1, Value::string_map([("DO_NOT_UPDATE_STATS", "true")]))]);
         let args = vec![Value::str(db), Value::str(name), Value::Struct(t), Value::Struct(env)];
         match self.call("alter_table_with_environment_context", args, Idempotent::No).await {
             Ok(_) => Ok(()),
@@ -348,16 +361,11 @@ impl HiveCatalog {
         let started = Instant::now();
         let mut polls = 0;
         while state == LockState::Waiting {
-            if started.elapsed() > LOCK_TIMEOUT {
+            if started.elapsed() > self.lock_timeout {
+                let holders = self.lock_holders(db, name, id).await;
                 self.unlock(id).await;
-                return Err(Error::catalog(
-                    "hive",
-                    format!(
-                        "timed out after {}s waiting for the Metastore lock on {db}.{name}; another writer holds it (SHOW LOCKS in Hive tells which)",
-                        LOCK_TIMEOUT.as_secs()
-                    ),
-                    true,
-                ));
+                // not retryable within the commit: another attempt would only wait as long again
+                return Err(Error::catalog("hive", lock_timeout_message(db, name, id, self.lock_timeout, &holders), false));
             }
             tokio::time::sleep(crate::backoff::delay(Duration::from_millis(50), polls.min(5))).await;
             polls += 1;
@@ -389,6 +397,22 @@ impl HiveCatalog {
         }
     }
 
+    /// The other locks on `db.name` as the Metastore's `show_locks` reports them (empty when it cannot tell).
+    async fn lock_holders(&self, db: &str, name: &str, ours: i64) -> Vec<LockHolder> {
+        let req = Struct::of([(1, Value::str(db)), (2, Value::str(name))]);
+        let Ok(Some(Value::Struct(resp))) = self.call("show_locks", vec![Value::Struct(req)], Idempotent::Yes).await else { return Vec::new() };
+        let Some(Value::List { items: locks, .. }) = resp.get(1) else { return Vec::new() };
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        locks
+            .iter()
+            .filter_map(|l| match l {
+                Value::Struct(l) => Some(LockHolder::of(l, now_ms)),
+                _ => None,
+            })
+            .filter(|h| h.id != ours)
+            .collect()
+    }
+
     /// Releases a lock; a failure is logged (the Metastore times out locks whose holder stopped heartbeating).
     async fn unlock(&self, id: i64) {
         let req = Struct::of([(1, Value::I64(id))]);
@@ -396,6 +420,51 @@ impl HiveCatalog {
             tracing::warn!(lock = id, error = %e, "could not release a Hive Metastore lock; the Metastore times it out (hive.txn.timeout)");
         }
     }
+}
+
+/// Another writer's lock, as `show_locks` reports it (`ShowLocksResponseElement`).
+#[derive(Debug, PartialEq)]
+struct LockHolder {
+    id: i64,
+    acquired: bool,
+    user: String,
+    host: String,
+    agent: String,
+    /// Since it was acquired (or, while waiting, since its last heartbeat).
+    age: Option<Duration>,
+}
+
+impl LockHolder {
+    fn of(l: &Struct, now_ms: i64) -> Self {
+        let text = |i: i16| l.get(i).and_then(Value::as_str).unwrap_or_default();
+        let at = l.get(9).and_then(Value::as_i64).filter(|t| *t > 0).or_else(|| l.get(8).and_then(Value::as_i64).filter(|t| *t > 0));
+        LockHolder {
+            id: l.get(1).and_then(Value::as_i64).unwrap_or_default(),
+            acquired: l.get(5).and_then(Value::as_i64) == Some(1),
+            user: text(10),
+            host: text(11),
+            agent: text(13),
+            age: at.map(|t| Duration::from_millis(now_ms.saturating_sub(t).max(0) as u64)),
+        }
+    }
+}
+
+/// The message of a lock wait that ran out: the table, our lock, who holds it and how to free it.
+fn lock_timeout_message(db: &str, name: &str, ours: i64, waited: Duration, holders: &[LockHolder]) -> String {
+    let held: Vec<String> = holders
+        .iter()
+        .filter(|h| h.acquired)
+        .map(|h| {
+            let age = h.age.map(|a| format!(", held for {}", humantime::format_duration(Duration::from_secs(a.as_secs())))).unwrap_or_default();
+            let agent = if h.agent.is_empty() { String::new() } else { format!(", agent {}", h.agent) };
+            format!("lock {} of {}@{}{agent}{age}", h.id, h.user, h.host)
+        })
+        .collect();
+    let who = if held.is_empty() { "another writer (the Metastore did not say which; SHOW LOCKS in Hive tells)".to_string() } else { held.join("; ") };
+    format!(
+        "waited {} (lock_timeout) for the Metastore's lock on {db}.{name} (our lock {ours}); it is held by {who}. If that writer is gone, the Metastore frees its lock once it stops heartbeating (metastore.txn.timeout, 300s by default); to free it now, unlock that lock id (Hive: SHOW LOCKS, then ABORT TRANSACTIONS or unlock it through the Metastore API). The service retries on its own; `lock_timeout` in the catalog section sets the wait",
+        humantime::format_duration(waited)
+    )
 }
 
 #[derive(PartialEq)]
@@ -457,6 +526,45 @@ mod tests {
         assert_eq!(c("thrift://meta").unwrap(), "meta:9083");
         assert!(c("http://meta:9083").is_err());
         assert!(c("thrift://").is_err());
+    }
+
+    #[test]
+    fn a_lock_wait_that_ran_out_names_the_holder_and_how_to_free_it() {
+        // ShowLocksResponseElement: lockid 1, state 5 (1 = acquired), acquiredat 9, user 10, hostname 11, agentInfo 13
+        let element = Struct::of([
+            (1, Value::I64(41)),
+            (5, Value::I32(1)),
+            (8, Value::I64(1_000)),
+            (9, Value::I64(1_000)),
+            (10, Value::str("spark")),
+            (11, Value::str("worker-3")),
+            (13, Value::str("Iceberg-abc")),
+        ]);
+        let holder = LockHolder::of(&element, 1_000 + 125_000);
+        let want = LockHolder {
+            id: 41,
+            acquired: true,
+            user: "spark".into(),
+            host: "worker-3".into(),
+            agent: "Iceberg-abc".into(),
+            age: Some(Duration::from_secs(125)),
+        };
+        assert_eq!(holder, want);
+        let m = lock_timeout_message("db", "t", 42, Duration::from_secs(30), &[holder]);
+        for needle in ["db.t", "our lock 42", "lock 41 of spark@worker-3", "agent Iceberg-abc", "held for 2m 5s", "30s (lock_timeout)", "ABORT"] {
+            assert!(m.contains(needle), "{needle} missing from: {m}");
+        }
+        // a Metastore that does not tell still gets a message that says where to look
+        assert!(lock_timeout_message("db", "t", 42, Duration::from_secs(30), &[]).contains("SHOW LOCKS"));
+    }
+
+    #[test]
+    fn the_lock_timeout_is_a_catalog_key() {
+        let c = |v: &str| HiveCatalog::new("thrift://m:1", None, CdcStorageFactory::default(), HashMap::from([(LOCK_TIMEOUT_KEY.into(), v.into())]));
+        let cat = c("45s").unwrap();
+        assert_eq!(cat.lock_timeout, Duration::from_secs(45));
+        assert!(!cat.props.contains_key(LOCK_TIMEOUT_KEY), "not a storage property");
+        assert!(c("soon").is_err());
     }
 
     #[test]

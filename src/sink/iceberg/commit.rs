@@ -41,6 +41,9 @@ use crate::sink::iceberg::rowdelta::RowDelta;
 use crate::sink::iceberg::{compact, expire, maintain, progress, target};
 use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Rest, Sink, SourceInfo};
 
+/// Times a commit is prepared again because the target moved under it (see `do_commit`) before its error stands.
+const MAX_STALE_PREPARES: u32 = 5;
+
 /// An Iceberg target table, with the catalog it lives in.
 pub struct IcebergSink {
     catalog: Arc<Catalog>,
@@ -75,6 +78,9 @@ pub struct IcebergSink {
     rested_at: Option<compact::Mark>,
     /// What compactions at rest did between commits (compacting inline), until [`Sink::take_maintenance`].
     rest_stats: MaintenanceStats,
+    /// The target holds the rows of a dropped source table of the same name (uuid, its last snapshot applied): the
+    /// bootstrap of the new one replaces them all (`on_history_rewrite = "follow"`).
+    recreate: Option<(String, i64)>,
 }
 
 /// The commit being written.
@@ -88,6 +94,10 @@ struct Open {
     started: Instant,
     planned_schema_id: i32,
     planned_spec_id: i32,
+    /// Summary entries saying which rewrite of the source's history the commit follows.
+    rewrite: HashMap<String, String>,
+    /// Every live file of the target goes with this commit (a recreated source's bootstrap).
+    remove_all: bool,
 }
 
 impl IcebergSink {
@@ -114,6 +124,7 @@ impl IcebergSink {
             swept_at: Instant::now(),
             rested_at: None,
             rest_stats: MaintenanceStats::default(),
+            recreate: None,
         })
     }
 
@@ -259,7 +270,7 @@ impl IcebergSink {
             target_file_size: self.cfg.target_file_size,
             write_budget: self.reserved_memory(),
             bootstrap: chunk.bootstrap,
-            multi_snapshot: chunk.snapshots.len() > 1,
+            multi_snapshot: chunk.steps() > 1,
             delete_spec: Self::delete_spec(table),
             delete_mode: self.cfg.delete_mode,
         };
@@ -274,6 +285,12 @@ impl IcebergSink {
             base: chunk.base,
             must_commit: chunk.must_commit,
             started: Instant::now(),
+            rewrite: match (&chunk.rewrite, &self.recreate) {
+                (Some(rw), _) => progress::rewrite_properties(rw),
+                (None, Some((uuid, snapshot))) if chunk.bootstrap => progress::recreate_properties(uuid, *snapshot),
+                _ => HashMap::new(),
+            },
+            remove_all: chunk.bootstrap && self.recreate.is_some(),
         });
         Ok(())
     }
@@ -295,13 +312,45 @@ impl IcebergSink {
             return Ok(Committed::Empty);
         }
         let files: Vec<String> = data.iter().chain(dels.iter().map(|(_, f)| f)).map(|f| f.file_path().to_string()).collect();
-        let props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
+        let mut props = progress::properties(&source.uuid, &source.name, open.last_snapshot_id, open.last_sequence_number);
+        props.extend(open.rewrite);
         let table_props = if map_recorded { HashMap::new() } else { HashMap::from([(FieldMap::property_key(&source.uuid), evo.map.to_property())]) };
         let mut attempts: Vec<Attempt> = Vec::new();
+        let mut stale_prepares = 0u32;
         loop {
-            let delta =
+            let mut delta =
                 row_delta(self.cfg.merge_manifests, &data, &dels, &props, &table_props, &evo).replace_deletes_of(replaced_deletes_of.iter().cloned());
-            let mut prepared = delta.prepare(&target).await?;
+            if open.remove_all {
+                delta = delta.remove_all();
+            }
+            let mut prepared = match delta.prepare(&target).await {
+                Ok(p) => p,
+                Err(e) => {
+                    // A file of the head the commit builds on may be gone because another writer moved the table
+                    // meanwhile (`cdc maintain` expiring that head and deleting its files): then this is a lost race,
+                    // not a broken table — prepare again on the new head, or plan again when our progress moved.
+                    let moved = match self.catalog.load_table(&self.cfg.table).await {
+                        Ok(t) if t.metadata().current_snapshot_id() != target.metadata().current_snapshot_id() => Some(t),
+                        _ => None,
+                    };
+                    let Some(now) = moved.filter(|_| stale_prepares < MAX_STALE_PREPARES) else {
+                        discard(target.file_io(), None, files, &attempts).await;
+                        return Err(e);
+                    };
+                    stale_prepares += 1;
+                    tracing::warn!(error = %e, "the target moved while this commit was prepared (another writer or maintenance); preparing it again on the new head");
+                    target = now;
+                    self.table = Some(target.clone());
+                    let recorded = progress::read(target.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+                    let reshaped = target.metadata().current_schema_id() != open.planned_schema_id
+                        || target.metadata().default_partition_spec_id() != open.planned_spec_id;
+                    if recorded != open.base || reshaped || self.cfg.delete_mode == DeleteMode::Position {
+                        discard(target.file_io(), Some(&TargetState::of(target.metadata())), files, &attempts).await;
+                        return Ok(Committed::Replan);
+                    }
+                    continue;
+                }
+            };
             let source_at = (open.last_snapshot_id, open.last_sequence_number);
             prepared.updates.push(progress::property_update(&source.uuid, source_at, prepared.snapshot_id, prepared.sequence_number));
             // an expiry when due rides along: no commit of its own
@@ -324,7 +373,7 @@ impl IcebergSink {
             let e = match self.catalog.commit(&target, prepared.requirements, prepared.updates).await {
                 Ok(t) => {
                     let id = prepared.snapshot_id;
-                    let mut stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), ..stats };
+                    let mut stats = CommitStats { seconds: open.started.elapsed().as_secs_f64(), recreated: open.remove_all, ..stats };
                     (stats.maintenance.manifests_merged, stats.maintenance.manifests_written) = (prepared.merged.0 as u64, prepared.merged.1 as u64);
                     return Ok(self.landed(t, id, attempts, evo.map, stats).await);
                 }
@@ -380,7 +429,7 @@ impl IcebergSink {
                 } else {
                     "another writer committed to the target, and rows deleted by position may have moved"
                 };
-                tracing::warn!(planned_from = ?open.base, recorded = ?recorded, "{why}; discarding this commit's files and planning again");
+                tracing::warn!(planned_from = open.base, recorded = recorded, "{why}; discarding this commit's files and planning again");
                 discard(target.file_io(), Some(&now), files, &attempts).await;
                 return Ok(Committed::Replan);
             }
@@ -825,6 +874,7 @@ impl Sink for IcebergSink {
     fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
         async move {
             self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
+            self.recreate = None;
             // the table `recorded` just loaded, if it exists: no second load
             let existing = self.table.take();
             let t = target::ensure(&self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
@@ -833,6 +883,25 @@ impl Sink for IcebergSink {
             if bootstrap && recorded.is_none() {
                 let rows = t.table.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
                 if rows.as_deref().is_some_and(|n| n != "0") {
+                    if let Some((uuid, snapshot)) = progress::dropped_source(t.table.metadata(), &source.uuid, &source.name) {
+                        if source.on_history_rewrite == crate::config::OnHistoryRewrite::Stop {
+                            return Err(Error::HistoryRewritten {
+                                table: source.name.clone(),
+                                target: self.label(),
+                                kind: crate::sink::RewriteKind::Recreate.as_str(),
+                                from: format!("{snapshot} of the dropped table {uuid}"),
+                                to: source.metadata.current_snapshot_id().unwrap_or_default(),
+                            });
+                        }
+                        tracing::warn!(
+                            target_table = %self.cfg.table, source = %source.name, dropped_uuid = %uuid, new_uuid = %source.uuid,
+                            "the source table was dropped and created again under its name: the target's rows are replaced by a copy of the new table in one commit"
+                        );
+                        self.recreate = Some((uuid, snapshot));
+                        self.table = Some(t.table);
+                        self.map = t.map;
+                        return Ok(recorded);
+                    }
                     return Err(Error::Range(format!(
                         "the target `{}` already holds rows but has no progress for `{}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
                         self.cfg.table, source.name

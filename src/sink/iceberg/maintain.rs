@@ -180,7 +180,7 @@ pub(crate) async fn remove_orphans(catalog: &Catalog, table: &Table, grace: Dura
     let mut young = 0;
     for dir in ["data", "metadata"] {
         for f in catalog.list_files(table, &format!("{location}/{dir}")).await? {
-            if dir == "metadata" && !(f.path.ends_with(".avro") || f.path.ends_with(".puffin")) {
+            if dir == "metadata" && !sweepable_metadata(&f.path) {
                 continue; // metadata JSON, version hints, anything not ours
             }
             if referenced.contains(&normalize(&f.path)) {
@@ -199,6 +199,14 @@ pub(crate) async fn remove_orphans(catalog: &Catalog, table: &Table, grace: Dura
     let n = doomed.len();
     remove_unreferenced(table.file_io(), doomed).await;
     Ok((n, young))
+}
+
+/// Whether a file under `metadata/` is the sweep's to judge: manifests and manifest lists (`.avro`), Puffin files,
+/// and the temporary files a metadata commit writes before its rename (`.v3-<uuid>.tmp`, `.hint-<uuid>.tmp`), which a
+/// crash or a full disk can leave behind — never referenced, so once older than the grace they are garbage.
+fn sweepable_metadata(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".avro") || name.ends_with(".puffin") || (name.starts_with('.') && name.ends_with(".tmp"))
 }
 
 /// Every file a snapshot of `table` references: manifest lists, manifests, every entry's file (live or not),
@@ -249,7 +257,17 @@ fn normalize(p: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{normalize, sweepable_metadata};
+
+    #[test]
+    fn the_sweep_judges_manifests_puffins_and_stale_commit_temp_files_only() {
+        for p in ["/t/metadata/snap-1-1-a.avro", "/t/metadata/a-m0.avro", "/t/metadata/x.puffin", "/t/metadata/.v7-0b3c.tmp", "/t/metadata/.hint-9.tmp"] {
+            assert!(sweepable_metadata(p), "{p}");
+        }
+        for p in ["/t/metadata/v7.metadata.json", "/t/metadata/version-hint.text", "/t/metadata/00001-a.metadata.json", "/t/metadata/notes.tmp"] {
+            assert!(!sweepable_metadata(p), "{p}");
+        }
+    }
 
     #[test]
     fn paths_compare_whatever_their_spelling() {

@@ -22,6 +22,12 @@ pub const SOURCE_TABLE: &str = "cdc.source-table";
 pub const SOURCE_SNAPSHOT_ID: &str = "cdc.source-snapshot-id";
 /// Summary key: that snapshot's sequence number.
 pub const SOURCE_SEQUENCE_NUMBER: &str = "cdc.source-sequence-number";
+/// Summary key: the commit follows a rewrite of the source's history (`rollback`, `rewrite`, `replace`, `recreate`).
+pub const RESYNC: &str = "cdc.resync";
+/// Summary key: the source snapshot the target was at before it (absent for a dropped table's).
+pub const RESYNC_FROM: &str = "cdc.resync-from-snapshot-id";
+/// Summary key: source snapshots whose changes it undid.
+pub const RESYNC_UNDONE: &str = "cdc.resync-undone-snapshots";
 /// Summary key: the version of `cdc` that wrote the commit.
 pub const WRITER: &str = "cdc.writer";
 
@@ -86,6 +92,47 @@ pub fn properties(source_uuid: &str, source_table: &str, snapshot_id: i64, seque
     ])
 }
 
+/// Summary key: a recreated source's bootstrap — the uuid of the dropped table whose rows it replaced.
+pub const RESYNC_FROM_TABLE: &str = "cdc.resync-from-source-table-uuid";
+
+/// The progress a target records of another source table of the same name (`name`, not `source_uuid`): the table
+/// that was dropped before one of this name was created — its uuid and the last snapshot applied. By the newest
+/// snapshot summary on the main branch that records a source; else by a progress property, when exactly one
+/// other source has one (maintenance took the summaries).
+pub fn dropped_source(target: &TableMetadata, source_uuid: &str, name: &str) -> Option<(String, i64)> {
+    for s in crate::spec::lineage::main_lineage(target).iter().rev() {
+        let p = &s.summary().additional_properties;
+        let Some(uuid) = p.get(SOURCE_TABLE_UUID) else { continue };
+        if uuid == source_uuid || p.get(SOURCE_TABLE).map(String::as_str) != Some(name) {
+            return None;
+        }
+        return Some((uuid.clone(), p.get(SOURCE_SNAPSHOT_ID)?.parse().ok()?));
+    }
+    let mut others = target.properties().iter().filter_map(|(k, v)| Some((k.strip_prefix(PROPERTY_PREFIX)?, v))).filter(|(u, _)| *u != source_uuid);
+    match (others.next(), others.next()) {
+        (Some((uuid, v)), None) => Some((uuid.to_string(), v.split(':').next()?.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// The snapshot summary entries of the bootstrap that replaces a dropped source's rows with its successor's.
+pub fn recreate_properties(dropped_uuid: &str, snapshot: i64) -> HashMap<String, String> {
+    HashMap::from([
+        (RESYNC.to_string(), crate::sink::RewriteKind::Recreate.as_str().to_string()),
+        (RESYNC_FROM_TABLE.to_string(), dropped_uuid.to_string()),
+        (RESYNC_FROM.to_string(), snapshot.to_string()),
+    ])
+}
+
+/// The snapshot summary entries of a commit that follows `rw` (its progress is recorded by [`properties`]).
+pub fn rewrite_properties(rw: &crate::sink::Rewrite) -> HashMap<String, String> {
+    let mut p = HashMap::from([(RESYNC.to_string(), rw.kind.as_str().to_string()), (RESYNC_UNDONE.to_string(), rw.undo.len().to_string())]);
+    if let Some(from) = rw.from {
+        p.insert(RESYNC_FROM.to_string(), from.to_string());
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,7 +147,7 @@ mod tests {
             .map(|(id, parent, seq, progress)| {
                 let summary = match progress {
                     Some(p) => {
-                        serde_json::json!({SOURCE_TABLE_UUID: SOURCE, SOURCE_SNAPSHOT_ID: p.to_string(), SOURCE_SEQUENCE_NUMBER: p.to_string()})
+                        serde_json::json!({SOURCE_TABLE_UUID: SOURCE, SOURCE_TABLE: "db.t", SOURCE_SNAPSHOT_ID: p.to_string(), SOURCE_SEQUENCE_NUMBER: p.to_string()})
                     }
                     None => serde_json::json!({}),
                 };
@@ -138,6 +185,17 @@ mod tests {
         // unreadable values are no progress
         assert_eq!(read(&target(&[(4, Some(3), 4, None)], 4, Some("30:x:3:3")), SOURCE), None);
         assert_eq!(read(&target(&[(4, Some(3), 4, None)], 4, Some("30:30:3")), SOURCE), None);
+    }
+
+    #[test]
+    fn a_dropped_source_of_the_same_name_is_found_by_summary_or_its_only_property() {
+        let t = target(&[(2, None, 2, Some(20))], 2, None);
+        assert_eq!(dropped_source(&t, "a-new-uuid", "db.t"), Some((SOURCE.to_string(), 20)));
+        assert_eq!(dropped_source(&t, "a-new-uuid", "db.other"), None, "another table's progress");
+        assert_eq!(dropped_source(&t, SOURCE, "db.t"), None, "the same table");
+        // the summaries gone to maintenance: the one progress property answers
+        let t = target(&[(4, Some(3), 4, None)], 4, Some("30:30:3:3"));
+        assert_eq!(dropped_source(&t, "a-new-uuid", "db.t"), Some((SOURCE.to_string(), 30)));
     }
 
     #[test]

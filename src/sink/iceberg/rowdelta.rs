@@ -47,6 +47,8 @@ pub struct RowDelta {
     /// Data files whose deletion vectors (and position-delete files that reference them alone) this snapshot
     /// replaces with new ones.
     replace_deletes_of: std::collections::HashSet<String>,
+    /// Every live file of the parent goes: the snapshot holds only what this commit adds.
+    remove_all: bool,
 }
 
 /// What a commit is made of, ready for [`crate::catalog::Catalog::commit`].
@@ -132,6 +134,13 @@ impl RowDelta {
         self.replace_deletes_of.extend(data_paths);
         self
     }
+    /// Removes every live file of the parent (data, delete files, deletion vectors), each listed `DELETED` as
+    /// [`Self::remove_files`] does: the new snapshot (an `overwrite`) holds only the files this commit adds. A
+    /// replica whose source was dropped and created again under its name starts over this way.
+    pub fn remove_all(mut self) -> Self {
+        self.remove_all = true;
+        self
+    }
     /// Table properties set in the same commit.
     pub fn set_table_properties(mut self, props: HashMap<String, String>) -> Self {
         self.table_properties.extend(props);
@@ -140,7 +149,19 @@ impl RowDelta {
 
     /// Writes the manifests and the manifest list, and returns the snapshot as catalog updates pinned to the
     /// table's uuid and current main-branch head (optimistic concurrency).
+    /// What it wrote before a failure (a full disk, a lost connection) is removed again: a prepare that fails leaves
+    /// nothing behind, and names the file it could not write (an I/O error, exit code 10).
     pub async fn prepare(self, table: &Table) -> Result<PreparedCommit> {
+        let mut written = Vec::new();
+        let prepared = self.prepare_writing(table, &mut written).await;
+        if prepared.is_err() {
+            crate::sink::iceberg::files::remove_unreferenced(table.file_io(), written).await;
+        }
+        prepared
+    }
+
+    /// [`Self::prepare`], recording in `metadata_files` every file it starts writing (before it writes it).
+    async fn prepare_writing(self, table: &Table, metadata_files: &mut Vec<String>) -> Result<PreparedCommit> {
         let meta = table.metadata();
         if self.data.iter().any(|f| f.content_type() != DataContentType::Data) {
             return Err(Error::Internal("add_data_files got a delete file".into()));
@@ -181,15 +202,14 @@ impl RowDelta {
             None => Vec::new(),
         };
         let mut collector = SnapshotSummaryCollector::default();
-        let mut metadata_files = Vec::new();
         // manifests rewritten with removed entries stay out of merging: their DELETED entries tell incremental
         // readers what this snapshot removed
         let mut rewritten = Vec::new();
-        if !self.remove.is_empty() || !self.replace_deletes_of.is_empty() {
+        if !self.remove.is_empty() || !self.replace_deletes_of.is_empty() || self.remove_all {
             let prefix = format!("{}/metadata/{commit_uuid}-r", meta.location());
-            let removed = Removed { paths: &self.remove, deletes_of: &self.replace_deletes_of };
+            let removed = Removed { paths: &self.remove, deletes_of: &self.replace_deletes_of, all: self.remove_all };
             (manifests, rewritten) =
-                remove_entries(table, &schema, snapshot_id, manifests, removed, &prefix, &mut collector, &mut metadata_files).await?;
+                remove_entries(table, &schema, snapshot_id, manifests, removed, &prefix, &mut collector, metadata_files).await?;
         }
         // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
         // evolved writes equality deletes with its unpartitioned spec, data with the default one).
@@ -224,13 +244,14 @@ impl RowDelta {
                 let seq = if content == ManifestContentType::Data { data_seq } else { seq };
                 w.add_file(f.clone(), seq)?;
             }
+            metadata_files.push(path.clone());
             // New manifests first: readers find this snapshot's files without scanning old ones.
-            manifests.insert(0, w.write_manifest_file().await?);
-            metadata_files.push(path);
+            manifests.insert(0, w.write_manifest_file().await.map_err(|e| Error::io(&path, e, false))?);
         }
 
         let list_path = format!("{}/metadata/snap-{snapshot_id}-0-{commit_uuid}.avro", meta.location());
-        let out = table.file_io().new_output(&list_path)?.writer().await?;
+        metadata_files.push(list_path.clone());
+        let out = table.file_io().new_output(&list_path)?.writer().await.map_err(|e| Error::io(&list_path, e, false))?;
         let parent_id = parent.map(|p| p.snapshot_id());
         let first_row_id = meta.next_row_id();
         let mut list = match version {
@@ -240,8 +261,7 @@ impl RowDelta {
         };
         list.add_manifests(manifests.into_iter())?;
         let next_row_id = list.next_row_id();
-        list.close().await?;
-        metadata_files.push(list_path.clone());
+        list.close().await.map_err(|e| Error::io(&list_path, e, false))?;
 
         let mut props = collector.build();
         let prev = parent.map(|p| p.summary().additional_properties.clone()).unwrap_or_default();
@@ -256,6 +276,7 @@ impl RowDelta {
         props.extend(self.properties);
         // a compaction adds no delete file: it only moves rows (`replace`); deletes added change rows
         let operation = match (self.rewrite, self.deletes.is_empty(), self.remove.is_empty()) {
+            _ if self.remove_all => Operation::Overwrite,
             (true, _, _) => Operation::Replace,
             (false, false, _) => Operation::Overwrite,
             (false, true, false) => Operation::Replace,
@@ -294,6 +315,7 @@ impl RowDelta {
         if !self.table_properties.is_empty() {
             updates.push(TableUpdate::SetProperties { updates: self.table_properties });
         }
+        let metadata_files = std::mem::take(metadata_files);
         Ok(PreparedCommit { snapshot_id, sequence_number: seq, requirements, updates, metadata_files, merged: (merged.replaced, merged.created) })
     }
 }
@@ -303,11 +325,14 @@ impl RowDelta {
 struct Removed<'a> {
     paths: &'a std::collections::HashSet<String>,
     deletes_of: &'a std::collections::HashSet<String>,
+    /// Every live file goes ([`RowDelta::remove_all`]).
+    all: bool,
 }
 
 impl Removed<'_> {
     fn matches(&self, f: &DataFile) -> bool {
-        self.paths.contains(f.file_path())
+        self.all
+            || self.paths.contains(f.file_path())
             || (f.content_type() == DataContentType::PositionDeletes && f.referenced_data_file().is_some_and(|r| self.deletes_of.contains(&r)))
     }
 }

@@ -23,6 +23,8 @@ pub mod headers {
     pub const SNAPSHOT_ID: &str = "cdc.snapshot_id";
     pub const SEQUENCE_NUMBER: &str = "cdc.sequence_number";
     pub const ORDINAL: &str = "cdc.ordinal";
+    /// On the messages of a commit that follows a rewrite of the source's history: its kind (`rollback`, …).
+    pub const RESYNC: &str = "cdc.resync";
 }
 
 /// One Kafka message.

@@ -92,6 +92,8 @@ struct Open {
     bytes_in_txn: u64,
     stats: CommitStats,
     started: std::time::Instant,
+    /// The chunk follows a rewrite of the source's history of this kind: its messages say so.
+    resync: Option<&'static str>,
 }
 
 /// A Kafka topic as a [`Sink`].
@@ -348,6 +350,10 @@ impl KafkaSink {
             .insert(Header { key: headers::SNAPSHOT_ID, value: Some(snapshot.format(m.snapshot_id)) })
             .insert(Header { key: headers::SEQUENCE_NUMBER, value: Some(sequence.format(m.sequence_number)) })
             .insert(Header { key: headers::ORDINAL, value: Some(ordinal.format(m.ordinal)) });
+        let h = match self.open.as_ref().and_then(|o| o.resync) {
+            Some(kind) => h.insert(Header { key: headers::RESYNC, value: Some(kind) }),
+            None => h,
+        };
         self.send(&self.topic, m.key.as_deref(), m.value.as_deref(), Some(h))?;
         Ok((m.key.as_ref().map_or(0, String::len) + m.value.as_ref().map_or(0, String::len)) as u64)
     }
@@ -523,6 +529,7 @@ impl Sink for KafkaSink {
                 bytes_in_txn: 0,
                 stats: CommitStats::default(),
                 started: std::time::Instant::now(),
+                resync: chunk.rewrite.as_ref().map(|r| r.kind.as_str()),
             });
             Ok(())
         }

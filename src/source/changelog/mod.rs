@@ -289,6 +289,7 @@ impl<'a> ChangelogScan<'a> {
         let schema = lineage::snapshot_schema(meta, Some(snapshot));
         // files written without field ids (a table migrated from Hive) are read through the table's name mapping
         let data_schema = crate::spec::name_mapping::attach(arrow_schema(&schema)?, meta.properties());
+        let data_schema = crate::spec::integrity::require(data_schema, crate::spec::integrity::required_ids(&schema));
         let schema_id = schema.schema_id();
         let key_idx = self
             .key_ids
@@ -788,6 +789,7 @@ impl ChangelogScan<'_> {
         let read_schema = if lineage { Arc::new(crate::spec::row_lineage::with_lineage_columns(&schema)?) } else { schema.clone() };
         // files written without field ids (a table migrated from Hive) are read through the table's name mapping
         let data_schema = crate::spec::name_mapping::attach(arrow_schema(&read_schema)?, meta.properties());
+        let data_schema = crate::spec::integrity::require(data_schema, crate::spec::integrity::required_ids(&read_schema));
         let mut live: Vec<_> = plan.data_after.values().filter(|f| only.is_none_or(|o| o.contains(f.path()))).cloned().collect();
         live.sort_by(|a, b| a.path().cmp(b.path()));
         let jobs = live
