@@ -68,7 +68,9 @@ def test_every_rewrite_of_the_source_history_is_followed(spark, warehouse, rest_
     s_update = current(spark, src)
     spark.sql(f"DELETE FROM {src} WHERE id IN (1, 2, 3, 4, 5)")
     tname = f"hist_{kind}.{name}"
-    section, tgt = target_section(kind, tname, warehouse, rest_catalog, sql_target, f"format_version = {version}")
+    # without a key the whole row is the identity: every column an equality column of the target
+    whole_row = "" if keyed else '\nequality_columns = ["id", "name", "amount", "ts", "cat"]'
+    section, tgt = target_section(kind, tname, warehouse, rest_catalog, sql_target, f"format_version = {version}{whole_row}")
     key = 'key_columns = ["id"]' if keyed else ""
     cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, key, target=section)
     sync(cfg, "--to-snapshot", str(s_insert))

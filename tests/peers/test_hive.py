@@ -166,3 +166,52 @@ def test_spark_reads_what_cdc_created_in_the_metastore(spark, hive_tables, hive_
     run_cdc("sync", "--config", cfg)
     assert "mor_v2" in [r.tableName for r in spark.sql("SHOW TABLES IN hive_cat.hlisted").collect()]
     assert spark_table(spark, tgt).count() == spark.table(f"hive_cat.{NS}.mor_v2").count()
+
+
+HOLD_LOCK = r'''
+import sys, time
+from thrift.protocol import TBinaryProtocol
+from thrift.transport import TSocket, TTransport
+from hive_metastore.ThriftHiveMetastore import Client
+from hive_metastore.ttypes import LockComponent, LockLevel, LockRequest, LockType
+host, port, db, table = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+transport = TTransport.TBufferedTransport(TSocket.TSocket(host, port))
+transport.open()
+client = Client(TBinaryProtocol.TBinaryProtocol(transport))
+component = LockComponent(type=LockType.EXCLUSIVE, level=LockLevel.TABLE, dbname=db, tablename=table)
+resp = client.lock(LockRequest(component=[component], user="dead-writer", hostname="ghost-host", agentInfo="killed-writer"))
+print(resp.lockid, resp.state, flush=True)
+time.sleep(3600)
+'''
+
+
+def test_a_dead_writers_lock_ends_the_commit_within_lock_timeout_naming_its_holder(spark, hive_tables, hive_metastore, warehouse,
+                                                                                 rest_catalog, sql_target, tmp_path):
+    """A writer killed while it holds the table's Metastore lock: the next commit waits `lock_timeout`, not minutes,
+    and fails with exit 9 naming the table, the lock id and its holder; once the Metastore expires the dead lock
+    (metastore.txn.timeout), the sync goes through and Spark reads the target equal to the source."""
+    import sys
+    import time
+
+    name = "mor_v2"
+    src = f"hive_cat.{NS}.{name}"
+    section, tgt = target_section("hive", f"hlock.{name}", warehouse, rest_catalog, sql_target, hive_uri=hive_metastore)
+    cfg = with_target(hive_source(tmp_path / "cdc.toml", f"{NS}.{name}", hive_metastore), section + 'lock_timeout = "4s"\n')
+    first = lineage(spark, src)[0]
+    run_cdc("sync", "--config", cfg, "--to-snapshot", str(first))
+    host, port = hive_metastore[len("thrift://"):].split(":")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, host, port, "hlock", name], stdout=subprocess.PIPE, text=True)
+    lock_id, state = holder.stdout.readline().split()
+    assert state == "1", "the writer holds the lock (ACQUIRED)"
+    holder.send_signal(signal.SIGKILL)  # dies holding it: no unlock, no heartbeat
+    holder.wait()
+    started = time.monotonic()
+    p = run_cdc("sync", "--config", cfg, check=False)
+    took = time.monotonic() - started
+    assert p.returncode == 9, p.stderr
+    assert took < 4 + 20, f"bounded by lock_timeout (4s), took {took:.1f}s: {p.stderr}"
+    for needle in ["hlock.mor_v2", f"lock {lock_id} of dead-writer@ghost-host", "agent killed-writer", "lock_timeout", "held for"]:
+        assert needle in p.stderr, f"{needle}: {p.stderr}"
+    # once the Metastore times the dead lock out, the same sync goes through
+    assert wait_until(lambda: run_cdc("sync", "--config", cfg, check=False).returncode == 0, 150), "the dead lock never expired"
+    assert_replica(spark, src, tgt, source_cols(spark, src))
