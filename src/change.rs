@@ -219,8 +219,13 @@ mod tests {
         let data = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
         let schema = change_schema(&data);
         let codes: ArrayRef = Arc::new(Int8Array::from_iter_values(types.iter().map(|t| t.code())));
-        with_metadata(&schema, vec![Arc::new(Int64Array::from(ids.to_vec()))], codes, CommitInfo { snapshot_id: 7, sequence_number: 1, timestamp_ms: 0, ordinal: 0 })
-            .unwrap()
+        with_metadata(
+            &schema,
+            vec![Arc::new(Int64Array::from(ids.to_vec()))],
+            codes,
+            CommitInfo { snapshot_id: 7, sequence_number: 1, timestamp_ms: 0, ordinal: 0 },
+        )
+        .unwrap()
     }
 
     fn rows(b: &RecordBatch) -> Vec<(ChangeType, i64)> {

@@ -594,7 +594,7 @@ fn typed_parse<T: serde::de::DeserializeOwned>(text: &str) -> (Option<T>, Vec<St
             problems.push(located(&working, &e));
         }
         // leave out the line of a `key = value` (not of a table header or an inline table holding other keys)
-        let line = e.span().map(|s| working[..s.start.min(working.len())].matches('\n').count());
+        let line = e.span().map(|s| working[..s.start.min(working.len())].matches('\n').count()).filter(|&l| l < lines.len());
         let key = line.and_then(|l| lines[l].split_once('=')).map(|(k, _)| k.trim().trim_matches('"').to_string());
         match (line, key) {
             (Some(l), Some(k)) if !k.starts_with('[') && !lines[l].contains('{') => {

@@ -421,7 +421,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 ))));
             }
             if bad > 0 {
-                return Err(anyhow::Error::new(Error::Service(format!("{bad} of {} pipeline sinks are not running cleanly (see above)", lines.len()))));
+                return Err(anyhow::Error::new(Error::Service(format!(
+                    "{bad} of {} pipeline sinks are not running cleanly (see above)",
+                    lines.len()
+                ))));
             }
         }
         Cmd::Check { config } => {

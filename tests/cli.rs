@@ -849,7 +849,9 @@ async fn range_messages_name_the_real_problem() {
     // changes from a snapshot the rollback took off the branch: the state difference (the changes of ids[2] and ids[3]
     // undone)
     let out = ok(cdc(&["changes", "--config", qcfg.to_str().unwrap(), "--from-snapshot", &ids[3], "--to-snapshot", &ids[1]]));
-    let kinds = |s: &str| s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["_change_type"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let kinds = |s: &str| {
+        s.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["_change_type"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
     let inverse = |k: &String| match k.as_str() {
         "INSERT" => "DELETE",
         "DELETE" => "INSERT",

@@ -61,7 +61,7 @@ pub enum Catalog {
     Glue(GlueCatalog),
 }
 
-fn local_file_io() -> FileIO {
+pub(crate) fn local_file_io() -> FileIO {
     storage::file_io(CdcStorageFactory::default(), &HashMap::new())
 }
 

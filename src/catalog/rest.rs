@@ -119,12 +119,18 @@ struct ErrorModel {
     kind: String,
 }
 
-fn server_message(body: &str) -> String {
+pub(crate) fn server_message(body: &str) -> String {
     match serde_json::from_str::<ErrorResponse>(body) {
         Ok(e) if e.error.kind.is_empty() => e.error.message,
         Ok(e) => format!("{}: {}", e.error.kind, e.error.message),
         Err(_) => body.chars().take(500).collect(),
     }
+}
+
+/// Parses a LoadTableResult body as a load does (for the parsers' property tests).
+#[cfg(test)]
+pub(crate) fn parse_load_response(body: &[u8]) -> bool {
+    serde_json::from_slice::<LoadTableResponse>(body).is_ok()
 }
 
 impl RestClient {
@@ -169,7 +175,9 @@ impl RestClient {
             secrets: props
                 .iter()
                 .filter(|(k, _)| crate::redact::is_secret_key(k))
-                .flat_map(|(_, v)| std::iter::once(v.clone()).chain(v.split_once(':').map(|(id, secret)| [id.to_string(), secret.to_string()]).into_iter().flatten()))
+                .flat_map(|(_, v)| {
+                    std::iter::once(v.clone()).chain(v.split_once(':').map(|(id, secret)| [id.to_string(), secret.to_string()]).into_iter().flatten())
+                })
                 .collect(),
         };
 

@@ -286,11 +286,19 @@ impl HistoryRewrite {
     /// Event: the one log line of a followed rewrite (the service counts it in `cdc_history_rewrites_total`).
     fn log(&self, sink: &str, source: &str, target_snapshot: i64) {
         tracing::warn!(
-            sink, source, kind = self.kind.as_str(), from_snapshot = self.from_snapshot, to_snapshot = self.to_snapshot,
-            undone_snapshots = self.undone_snapshots, inserts = self.inserts, deletes = self.deletes, updates = self.updates,
+            sink,
+            source,
+            kind = self.kind.as_str(),
+            from_snapshot = self.from_snapshot,
+            to_snapshot = self.to_snapshot,
+            undone_snapshots = self.undone_snapshots,
+            inserts = self.inserts,
+            deletes = self.deletes,
+            updates = self.updates,
             target_snapshot,
             "the source's history was rewritten ({}); one commit brought the destination to the source's state at snapshot {}",
-            self.kind.as_str(), self.to_snapshot
+            self.kind.as_str(),
+            self.to_snapshot
         );
     }
 

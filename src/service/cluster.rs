@@ -253,7 +253,10 @@ impl ConsumerContext for GroupContext {
                 Ok(n) if n >= change => return,
                 Ok(_) => continue,
                 Err(_) => {
-                    tracing::warn!(deadline_seconds = self.revoke_deadline.as_secs_f64(), "pipelines taken by the group did not stop in time; they may briefly run twice (the catalog keeps them exact)");
+                    tracing::warn!(
+                        deadline_seconds = self.revoke_deadline.as_secs_f64(),
+                        "pipelines taken by the group did not stop in time; they may briefly run twice (the catalog keeps them exact)"
+                    );
                     return;
                 }
             }

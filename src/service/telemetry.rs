@@ -220,9 +220,22 @@ impl Telemetry {
             Unit::Seconds,
             t.last_commit.clone(),
         );
-        registry.register("cdc_config_reload_failures", "Configuration reloads (SIGHUP) refused: the running configuration stayed", t.reload_failures.clone());
-        registry.register_with_unit("cdc_config_last_reload_timestamp", "Unix time of the last configuration reload", Unit::Seconds, t.last_reload_time.clone());
-        registry.register("cdc_config_last_reload_success", "Whether the last configuration reload was taken (1) or refused (0)", t.last_reload_success.clone());
+        registry.register(
+            "cdc_config_reload_failures",
+            "Configuration reloads (SIGHUP) refused: the running configuration stayed",
+            t.reload_failures.clone(),
+        );
+        registry.register_with_unit(
+            "cdc_config_last_reload_timestamp",
+            "Unix time of the last configuration reload",
+            Unit::Seconds,
+            t.last_reload_time.clone(),
+        );
+        registry.register(
+            "cdc_config_last_reload_success",
+            "Whether the last configuration reload was taken (1) or refused (0)",
+            t.last_reload_success.clone(),
+        );
         registry.register("cdc_rows", "Change rows applied, by change type", t.rows.clone());
         registry.register("cdc_commits", "Target commits", t.commits.clone());
         registry.register_with_unit(

@@ -316,6 +316,20 @@ fn projected_stream(
     }))
 }
 
+/// Reads every row of the Parquet file at `path` in its own schema through the read path (page checksums, record
+/// batches): the number of rows, or why not (for the damaged-file corpus tests).
+#[cfg(test)]
+pub(crate) async fn read_all_columns(file_io: &FileIO, path: &str) -> Result<usize> {
+    let builder = open(file_io, path, OpenOptions::default(), Arc::default()).await?;
+    let target = builder.schema().clone();
+    let mut stream = projected_stream(builder, path, target, false)?;
+    let mut rows = 0;
+    while let Some(b) = stream.try_next().await? {
+        rows += b.num_rows();
+    }
+    Ok(rows)
+}
+
 /// Projects `batch` onto `target` by field id at every nesting level (ids from the name mapping the target carries for
 /// files without ids — see [`crate::spec::name_mapping`] — else by name), casting
 /// promoted types, nulls for the rest. Top-level columns come back nullable.

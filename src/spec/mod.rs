@@ -5,6 +5,8 @@ pub(crate) mod dv;
 pub(crate) mod integrity;
 pub mod lineage;
 pub(crate) mod name_mapping;
+#[cfg(test)]
+mod parser_props;
 pub(crate) mod projection;
 pub(crate) mod row_lineage;
 pub(crate) mod rowenc;

@@ -69,6 +69,32 @@ def hive_metastore(warehouse):
 
 
 @pytest.fixture(scope="session")
+def hive4_metastore(warehouse):
+    """A Hive 4 Metastore on Derby (scripts/hive-metastore.sh with HIVE_VERSION=4.0.1). Spark 3.5's Hive client cannot
+    talk to it (Hive 4 dropped `get_table`), so its tables are read back by metadata file (`hive4_metadata_location`)."""
+    env = dict(os.environ, HIVE_VERSION=os.environ.get("HIVE4_VERSION", "4.0.1"))
+    with script_peer("hive-metastore.sh", os.path.join(warehouse, "hive4-metastore"), "Hive 4 Metastore", env=env) as uri:
+        yield uri
+
+
+def hive_metadata_location(uri, db, table):
+    """The `metadata_location` a Metastore (3.1 or 4.x) records for `db.table`, through `get_table_req`."""
+    from hive_metastore.ThriftHiveMetastore import Client
+    from hive_metastore.ttypes import GetTableRequest
+    from thrift.protocol import TBinaryProtocol
+    from thrift.transport import TSocket, TTransport
+
+    host, port = uri[len("thrift://"):].split(":")
+    transport = TTransport.TBufferedTransport(TSocket.TSocket(host, int(port)))
+    transport.open()
+    try:
+        client = Client(TBinaryProtocol.TBinaryProtocol(transport))
+        return client.get_table_req(GetTableRequest(dbName=db, tblName=table)).table.parameters["metadata_location"]
+    finally:
+        transport.close()
+
+
+@pytest.fixture(scope="session")
 def sql_target(warehouse):
     """Warehouse of the sqlite catalog iceberg-rust writes. Spark reads its tables by metadata file (see
     `spark_table`): Spark's JdbcCatalog on sqlite keeps a read transaction open and would see stale pointers."""

@@ -372,3 +372,56 @@ def test_two_pipelines_of_one_source_never_share_a_progress_record(spark, wareho
     # the first pipeline still resumes from its own record: nothing new, nothing again
     run_cdc("sync", "--config", first)
     assert len(consume(kafka["bootstrap"], topic, idle=4)) == 2
+
+
+def test_the_service_follows_a_rollback_into_iceberg_and_kafka(spark, warehouse, kafka, tmp_path):
+    """`cdc run` with an Iceberg and a Kafka sink while the owner rolls the source back, commits on the rolled-back
+    line and cherry-picks (issue 49): no pipeline stops; Spark reads the target equal to the source after each, the
+    Debezium stream folds to the same table, and the messages of each resync carry the `cdc.resync` header."""
+    topic = f"rewrite-{uuid.uuid4().hex[:8]}"
+    mor = ", 'write.update.mode'='merge-on-read', 'write.delete.mode'='merge-on-read'"
+    src = keyed_table(spark, "rw_svc", ", ".join(f"({i}, 'v{i}')" for i in range(50)), mor)
+    iceberg = '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "rw.svc_replica"\n\n'
+    svc = service_config(tmp_path, warehouse, "rwsvc", "rw_svc", iceberg + kafka_sink(kafka, topic, format="debezium"))
+    tgt = f"{CAT}.rw.svc_replica"
+
+    def current():
+        spark.sql(f"REFRESH TABLE {src}")
+        return spark.sql(f"SELECT snapshot_id FROM {src}.history WHERE is_current_ancestor ORDER BY made_current_at DESC LIMIT 1").collect()[0][0]
+
+    def in_step():
+        return wait_until(lambda: spark_table_rows(spark, tgt) == spark_table_rows(spark, src), 90)
+
+    log = open(tmp_path / "svc.log", "w")
+    p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert in_step()
+        base = current()
+        spark.sql(f"DELETE FROM {src} WHERE id < 10")
+        spark.sql(f"UPDATE {src} SET v = 'bad' WHERE id >= 40")
+        assert in_step()
+        spark.sql(f"CALL {CAT}.system.rollback_to_snapshot('db.rw_svc', {base})")
+        assert in_step(), "the rollback is followed"
+        spark.sql(f"INSERT INTO {src} VALUES (100, 'new')")
+        orphan = current()
+        spark.sql(f"UPDATE {src} SET v = 'x' WHERE id = 1")
+        assert in_step()
+        spark.sql(f"CALL {CAT}.system.rollback_to_snapshot('db.rw_svc', {base})")
+        spark.sql(f"CALL {CAT}.system.cherrypick_snapshot('db.rw_svc', {orphan})")
+        assert in_step(), "the cherry-pick onto the older line is followed"
+        got = consume(kafka["bootstrap"], topic, idle=6)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(60)
+        log.close()
+    text = open(tmp_path / "svc.log").read()
+    assert rc == 0, text[-2000:]
+    assert "permanent" not in text, "no pipeline stopped"
+    assert text.count("the source's history was rewritten") >= 2, text[-3000:]
+    state = fold(got)
+    want = spark_rows(spark, src)
+    assert set(state) == set(want)
+    assert all(state[k]["v"] == r["v"] for k, r in want.items())
+    kinds = Counter(h.get("cdc.resync") for _, _, _, h in got)
+    # the second rollback and the cherry-pick land as one rewrite, or as a rollback and an append, by poll timing
+    assert kinds["rollback"] > 0 and kinds["rollback"] + kinds["rewrite"] >= 2, kinds

@@ -460,9 +460,10 @@ fn lock_timeout_message(db: &str, name: &str, ours: i64, waited: Duration, holde
             format!("lock {} of {}@{}{agent}{age}", h.id, h.user, h.host)
         })
         .collect();
-    let who = if held.is_empty() { "another writer (the Metastore did not say which; SHOW LOCKS in Hive tells)".to_string() } else { held.join("; ") };
+    let who =
+        if held.is_empty() { "another writer (the Metastore did not say which; SHOW LOCKS in Hive tells)".to_string() } else { held.join("; ") };
     format!(
-        "waited {} (lock_timeout) for the Metastore's lock on {db}.{name} (our lock {ours}); it is held by {who}. If that writer is gone, the Metastore frees its lock once it stops heartbeating (metastore.txn.timeout, 300s by default); to free it now, unlock that lock id (Hive: SHOW LOCKS, then ABORT TRANSACTIONS or unlock it through the Metastore API). The service retries on its own; `lock_timeout` in the catalog section sets the wait",
+        "waited {} (lock_timeout) for the Metastore's lock on {db}.{name} (our lock {ours}); it is held by {who}. If that writer is gone, its lock stays until the Metastore's housekeeping times it out (metastore.txn.timeout after its last heartbeat; only where the housekeeping threads run); to free it now, unlock that lock id through the Metastore's `unlock` call (or, for a transaction's lock, Hive's ABORT TRANSACTIONS). The service retries on its own; `lock_timeout` in the catalog section sets the wait",
         humantime::format_duration(waited)
     )
 }
@@ -551,7 +552,9 @@ mod tests {
         };
         assert_eq!(holder, want);
         let m = lock_timeout_message("db", "t", 42, Duration::from_secs(30), &[holder]);
-        for needle in ["db.t", "our lock 42", "lock 41 of spark@worker-3", "agent Iceberg-abc", "held for 2m 5s", "30s (lock_timeout)", "ABORT"] {
+        for needle in
+            ["db.t", "our lock 42", "lock 41 of spark@worker-3", "agent Iceberg-abc", "held for 2m 5s", "30s (lock_timeout)", "`unlock` call"]
+        {
             assert!(m.contains(needle), "{needle} missing from: {m}");
         }
         // a Metastore that does not tell still gets a message that says where to look

@@ -261,7 +261,9 @@ mod tests {
 
     #[test]
     fn the_sweep_judges_manifests_puffins_and_stale_commit_temp_files_only() {
-        for p in ["/t/metadata/snap-1-1-a.avro", "/t/metadata/a-m0.avro", "/t/metadata/x.puffin", "/t/metadata/.v7-0b3c.tmp", "/t/metadata/.hint-9.tmp"] {
+        for p in
+            ["/t/metadata/snap-1-1-a.avro", "/t/metadata/a-m0.avro", "/t/metadata/x.puffin", "/t/metadata/.v7-0b3c.tmp", "/t/metadata/.hint-9.tmp"]
+        {
             assert!(sweepable_metadata(p), "{p}");
         }
         for p in ["/t/metadata/v7.metadata.json", "/t/metadata/version-hint.text", "/t/metadata/00001-a.metadata.json", "/t/metadata/notes.tmp"] {

@@ -208,8 +208,7 @@ impl RowDelta {
         if !self.remove.is_empty() || !self.replace_deletes_of.is_empty() || self.remove_all {
             let prefix = format!("{}/metadata/{commit_uuid}-r", meta.location());
             let removed = Removed { paths: &self.remove, deletes_of: &self.replace_deletes_of, all: self.remove_all };
-            (manifests, rewritten) =
-                remove_entries(table, &schema, snapshot_id, manifests, removed, &prefix, &mut collector, metadata_files).await?;
+            (manifests, rewritten) = remove_entries(table, &schema, snapshot_id, manifests, removed, &prefix, &mut collector, metadata_files).await?;
         }
         // One manifest per content and partition spec: a manifest holds files of one spec (a table whose spec
         // evolved writes equality deletes with its unpartitioned spec, data with the default one).
