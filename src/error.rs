@@ -337,6 +337,16 @@ impl Error {
         )
     }
 
+    /// Whether a file the operation read was not there (deleted — by another writer's expiry, or outside Iceberg).
+    pub fn is_missing_file(&self) -> bool {
+        match self {
+            Error::MissingFile { .. } => true,
+            Error::Data { message, .. } => message.contains("No such file"),
+            Error::Iceberg(e) => e.to_string().contains("No such file"),
+            _ => false,
+        }
+    }
+
     /// The process exit code of this error (see [`exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {

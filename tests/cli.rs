@@ -1722,15 +1722,19 @@ async fn maintain_rewrites_manifests_expires_and_removes_old_orphans() {
     }
     let day_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
     std::fs::File::options().write(true).open(&old).unwrap().set_modified(day_ago).unwrap();
+    // a metadata commit's temp file a full disk left behind, a day old: garbage like any old orphan
+    let stale_tmp = tw.join("replica").join("orders").join("metadata").join(".v99-0b3c.tmp");
+    std::fs::write(&stale_tmp, b"{").unwrap();
+    std::fs::File::options().write(true).open(&stale_tmp).unwrap().set_modified(day_ago).unwrap();
 
     let out = ok(cdc(&["maintain", "--config", cfg_s, "--json"]));
     let m: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(m["manifests_before"].as_u64().unwrap() >= 20, "{m}");
     assert!(m["manifests_after"].as_u64().unwrap() <= 3, "{m}");
     assert!(m["snapshots_expired"].as_u64().unwrap() >= 10, "{m}");
-    assert_eq!(m["orphans_deleted"], 1, "{m}");
+    assert_eq!(m["orphans_deleted"], 2, "{m}");
     assert_eq!(m["orphans_too_young"], 1, "{m}");
-    assert!(!old.exists() && young.exists());
+    assert!(!old.exists() && young.exists() && !stale_tmp.exists());
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
     let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
@@ -1966,4 +1970,45 @@ async fn shards_split_the_pipelines_of_one_file() {
     assert_eq!(t2.metadata().current_snapshot_id(), catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id());
     let bad = cdc(&["run", "--config", dir.path().join("s0.toml").to_str().unwrap(), "--shard", "2/2"]);
     assert_eq!(code(&bad), exit::CONFIG, "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
+/// `cdc sync` racing `cdc maintain` on a target with `snapshot_retention = "0s"` (issue 50): maintenance expires the
+/// head a sync planned on and deletes its files. The sync never fails on a file another writer removed (it prepares
+/// again on the new head, or plans again), the target ends equal to the source, and no file of a failed or repeated
+/// commit is left behind: every file under the target is one a snapshot references.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sync_that_loses_a_race_to_maintenance_plans_again_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, mut t, wh) = quickstart_table(dir.path()).await;
+    let tw = dir.path().join("target");
+    // (an orphan grace of 0 would let either sweep delete the other's files before they are committed: never with
+    // writers at work, so the default grace here, and a sweep with none once all is quiet)
+    let extra = "snapshots_per_commit = 1\nsnapshot_retention = \"0s\"\nretain_snapshots = 1\ncompact_delete_files = 2";
+    let cfg = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, extra));
+    let cfg_s = cfg.to_str().unwrap().to_string();
+    ok(cdc(&["sync", "--config", &cfg_s]));
+    for round in 0..12i64 {
+        t = quickstart::commit_changes(&catalog, &t, &[(5000 + round, "raced", round as i128), (1 + round % 4, "again", round as i128)], &[])
+            .await
+            .unwrap();
+        let (a, b) = (cfg_s.clone(), cfg_s.clone());
+        let sync = std::thread::spawn(move || cdc(&["sync", "--config", &a]));
+        let maintain = std::thread::spawn(move || cdc(&["maintain", "--config", &b]));
+        let (s, m) = (sync.join().unwrap(), maintain.join().unwrap());
+        assert_ne!(code(&s), exit::DATA, "round {round}: a file another writer removed is a lost race: {}", String::from_utf8_lossy(&s.stderr));
+        assert!(
+            [exit::OK, exit::CATALOG].contains(&code(&s)) && [exit::OK, exit::CATALOG].contains(&code(&m)),
+            "round {round}: sync {} / maintain {}",
+            String::from_utf8_lossy(&s.stderr),
+            String::from_utf8_lossy(&m.stderr)
+        );
+    }
+    ok(cdc(&["sync", "--config", &cfg_s]));
+    assert_target_equals_source(&cfg, &t, "replica.orders").await;
+    // nothing but referenced files: a last maintenance pass (grace 0s, nothing else running) finds no orphan that a
+    // failed or repeated commit left
+    let quiet = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, &format!("{extra}\norphan_grace = \"0s\"")));
+    let out = ok(cdc(&["maintain", "--config", quiet.to_str().unwrap(), "--json"]));
+    let m: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(m["orphans_deleted"], 0, "left behind by the racing commits: {m}");
 }

@@ -121,19 +121,30 @@ pub async fn run_changes(
         summary.snapshots += rw.undo.len();
         let mut out = WriterConsumer(writer.as_mut());
         let mut inverse = crate::change::Inverse::new(&mut out);
+        // what was read, counted as what was written: an undone INSERT is a DELETE, and so on
+        let mut count = |st: &SnapshotStats, inverted: bool| {
+            let (ins, del) = (st.count(ChangeType::Insert), st.count(ChangeType::Delete));
+            let (ins, del) = if inverted { (del, ins) } else { (ins, del) };
+            summary.inserts += ins;
+            summary.deletes += del;
+            summary.update_pairs += st.count(ChangeType::UpdateAfter);
+            summary.files_read += st.files_read;
+            summary.bytes_read += st.bytes_read;
+            summary.spilled_bytes += st.spilled_bytes();
+        };
         if let Some(from) = &rw.clear {
-            scan.scan_contents(from, &mut inverse).await?;
+            count(&scan.scan_contents(from, &mut inverse).await?, true);
             inverse.flush().await?;
         }
         for snap in &rw.undo {
-            scan.scan_snapshot(snap, ordinal, &mut inverse).await?;
+            count(&scan.scan_snapshot(snap, ordinal, &mut inverse).await?, true);
             inverse.flush().await?;
             if snap.summary().operation != iceberg::spec::Operation::Replace {
                 ordinal += 1;
             }
         }
         if rw.copy {
-            scan.scan_contents(&rw.to, &mut out).await?;
+            count(&scan.scan_contents(&rw.to, &mut out).await?, false);
         }
     }
     for snap in &snapshots {

@@ -202,3 +202,25 @@ def test_a_resync_killed_at_random_moments_ends_exact(spark, warehouse, rest_cat
         assert held in (before, after), "a reader saw the target between two states"
     sync(cfg)
     assert_equal(spark, src, tgt)
+
+
+def test_a_target_its_owner_rolled_back_resumes_from_what_it_holds(spark, warehouse, rest_catalog, sql_target, tmp_path):
+    """The target's owner rolls the replica back (Spark `rollback_to_snapshot` on the target): its progress is what
+    its own history now records, so the next sync re-applies what the rollback took, and Spark reads it equal."""
+    name = "rw_target_rb"
+    src = f"{CAT}.db.{name}"
+    create(spark, src, 2, False, True)
+    spark.sql(f"INSERT INTO {src} VALUES {rows(0, 60)}")
+    section, tgt = target_section("hadoop", f"hist_trb.{name}", warehouse, rest_catalog, sql_target)
+    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, 'key_columns = ["id"]', target=section)
+    sync(cfg)
+    first_target = snapshots(spark, tgt)[-1]
+    spark.sql(f"UPDATE {src} SET name = 'later' WHERE id < 30")
+    spark.sql(f"DELETE FROM {src} WHERE id >= 50")
+    sync(cfg)
+    assert_equal(spark, src, tgt)
+    spark.sql(f"CALL {CAT}.system.rollback_to_snapshot('hist_trb.{name}', {first_target})")
+    assert target_rows(spark, tgt, COLS) != rows_of(spark, src, COLS), "the owner took the later commits back"
+    s = sync(cfg)
+    assert s["source_snapshots_applied"] == 2 and s["history_rewrite"] is None, s
+    assert_equal(spark, src, tgt)

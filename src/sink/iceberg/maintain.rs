@@ -65,29 +65,48 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
     out.manifests_before = manifest_count(&table).await?;
 
     if cfg.compact {
-        match compact::compact(catalog, cfg, &table, &compact::Policy::thorough(cfg), memory_budget).await {
-            Ok(Some((t, c))) => {
-                out.compacted = c;
-                table = t;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match compact::compact(catalog, cfg, &table, &compact::Policy::thorough(cfg), memory_budget).await {
+                Ok(Some((t, c))) => {
+                    out.compacted = c;
+                    table = t;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if let Some(moved) = lost_race(catalog, cfg, &table, &e, attempts).await {
+                        tracing::info!(table = %cfg.table, error = %e, "another writer moved the table during compaction; planning it again");
+                        table = moved;
+                        continue;
+                    }
+                    tracing::warn!(table = %cfg.table, error = %e, "compaction failed");
+                    out.failures.push(format!("compact: {e}"));
+                    first_error.get_or_insert(e);
+                    table = catalog.load_table(&cfg.table).await?;
+                }
             }
-            Ok(None) => {}
+            break;
+        }
+    }
+
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match rewrite_manifests(catalog, cfg, table.clone()).await {
+            Ok(t) => table = t,
             Err(e) => {
-                tracing::warn!(table = %cfg.table, error = %e, "compaction failed");
-                out.failures.push(format!("compact: {e}"));
+                if let Some(moved) = lost_race(catalog, cfg, &table, &e, attempts).await {
+                    table = moved;
+                    continue;
+                }
+                tracing::warn!(table = %cfg.table, error = %e, "rewriting manifests failed");
+                out.failures.push(format!("rewrite manifests: {e}"));
                 first_error.get_or_insert(e);
                 table = catalog.load_table(&cfg.table).await?;
             }
         }
-    }
-
-    match rewrite_manifests(catalog, cfg, table.clone()).await {
-        Ok(t) => table = t,
-        Err(e) => {
-            tracing::warn!(table = %cfg.table, error = %e, "rewriting manifests failed");
-            out.failures.push(format!("rewrite manifests: {e}"));
-            first_error.get_or_insert(e);
-            table = catalog.load_table(&cfg.table).await?;
-        }
+        break;
     }
     let retention = Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots, new_head: false };
     match expire::expire(catalog, &table, &retention, true).await {
@@ -122,6 +141,22 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
     );
     Ok((out, first_error))
 }
+
+/// A step that failed on `planned` lost a race when another writer moved the table meanwhile, or when a file it
+/// read is gone (another writer's expiry deleted it with a snapshot the step planned on — its head may even be the
+/// same again by the time we look): the table as it is now, to plan the step again on — at most [`RACE_ATTEMPTS`]
+/// times, so a file that is really missing still fails the step. `None`: the failure stands.
+async fn lost_race(catalog: &Catalog, cfg: &TargetConfig, planned: &Table, e: &Error, attempts: u32) -> Option<Table> {
+    if attempts >= RACE_ATTEMPTS {
+        return None;
+    }
+    let now = catalog.load_table(&cfg.table).await.ok()?;
+    let moved = now.metadata().current_snapshot_id() != planned.metadata().current_snapshot_id();
+    (moved || e.is_missing_file()).then_some(now)
+}
+
+/// Plans of one maintenance step, when other writers keep moving the table under it.
+const RACE_ATTEMPTS: u32 = 4;
 
 async fn manifest_count(table: &Table) -> Result<usize> {
     let Some(head) = table.metadata().current_snapshot() else { return Ok(0) };
