@@ -219,7 +219,8 @@ fn rewrite_chunk(range: Range, from: i64, common: Option<i64>, kind: RewriteKind
 /// How sinks fed by one read of the source run.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Sharing {
-    /// Nothing recorded anywhere and the sinks start differently (a copy here, every change there): each runs alone.
+    /// Nothing recorded anywhere and the sinks start differently (a copy here, every change there), or sinks at
+    /// different progress of which one is on a line the source's history left: each runs alone.
     Separately,
     /// The sinks at these indices first catch up alone to `to`, the most advanced progress; then all run together.
     CatchUp { behind: Vec<usize>, to: i64 },
@@ -229,6 +230,11 @@ pub(crate) enum Sharing {
 
 /// Decides how sinks recording `recorded` (in the same order as `initials`) share a run over the source `meta`.
 pub(crate) fn share(meta: &TableMetadata, recorded: &[Option<i64>], initials: &[Initial]) -> Sharing {
+    // a progress the source's main branch left (a rewritten history): each sink follows the rewrite from its own
+    let on_main = |p: i64| meta.current_snapshot_id().is_some_and(|head| lineage::is_ancestor(meta, p, head));
+    if recorded.iter().flatten().any(|p| !on_main(*p)) && recorded.iter().any(|p| *p != recorded[0]) {
+        return Sharing::Separately;
+    }
     // the most advanced progress on the source's history (None: nothing recorded)
     let ahead = recorded.iter().flatten().copied().fold(None, |best: Option<i64>, p| match best {
         Some(b) if lineage::is_ancestor(meta, p, b) => Some(b),
@@ -365,5 +371,9 @@ mod tests {
         assert_eq!(share(&meta, &[None, None], &[Copy, Beginning]), Sharing::Separately);
         assert_eq!(share(&meta, &[Some(2), Some(4)], &[Copy, Copy]), Sharing::CatchUp { behind: vec![0], to: 4 });
         assert_eq!(share(&meta, &[Some(4), None, Some(3)], &[Copy, Copy, Copy]), Sharing::CatchUp { behind: vec![1, 2], to: 4 });
+        // one sink on a line the source left (9): no catching up to it; each follows the rewrite alone
+        assert_eq!(share(&meta, &[Some(9), Some(3)], &[Copy, Copy]), Sharing::Separately);
+        // all on it: one shared read still
+        assert_eq!(share(&meta, &[Some(9), Some(9)], &[Copy, Copy]), Sharing::Together);
     }
 }

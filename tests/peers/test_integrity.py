@@ -37,6 +37,13 @@ def make_source(spark, name, partitioned=False):
     return t
 
 
+def damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name, partitioned=False):
+    """A fresh Spark source `db.<name>`, its hadoop target `dmg.<name>` (Spark name) and the config syncing them."""
+    src = make_source(spark, name, partitioned)
+    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
+    return src, tgt, write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+
+
 def data_files(spark, t):
     spark.sql(f"REFRESH TABLE {t}")
     return [local(r.file_path) for r in spark.sql(f"SELECT file_path FROM {t}.data_files ORDER BY file_path").collect()]
@@ -84,9 +91,7 @@ def target_files(warehouse, table):
 @pytest.mark.parametrize("partitioned", [False, True])
 def test_a_column_of_another_type_is_refused_never_read_as_nulls(spark, warehouse, rest_catalog, sql_target, tmp_path, partitioned):
     name = f"dmg_type_{int(partitioned)}"
-    src = make_source(spark, name, partitioned)
-    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
-    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    src, tgt, cfg = damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name, partitioned)
     victim = data_files(spark, src)[0]
 
     def amount_as_text(t):
@@ -111,9 +116,7 @@ def test_a_column_of_another_type_is_refused_never_read_as_nulls(spark, warehous
 
 def test_a_data_file_without_its_required_key_column_is_refused(spark, warehouse, rest_catalog, sql_target, tmp_path):
     name = "dmg_nokey"
-    src = make_source(spark, name)
-    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
-    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    src, tgt, cfg = damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name)
     victim = data_files(spark, src)[0]
     rewrite_parquet(victim, lambda t: t.drop(["id"]))
     keep(victim, "required_column_missing.parquet")
@@ -128,9 +131,7 @@ def test_a_data_file_without_its_required_key_column_is_refused(spark, warehouse
 def test_an_equality_delete_file_without_its_equality_column_is_refused(spark, warehouse, rest_catalog, sql_target, tmp_path):
     """Equality deletes as a writer like Flink leaves them: here those of a `cdc` target (read as a source)."""
     name = "dmg_eq"
-    src = make_source(spark, name)
-    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
-    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    src, tgt, cfg = damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name)
     run_cdc("sync", "--config", cfg)
     spark.sql(f"DELETE FROM {src} WHERE id < 30")
     run_cdc("sync", "--config", cfg)
@@ -157,9 +158,7 @@ def test_an_equality_delete_file_without_its_equality_column_is_refused(spark, w
 
 def test_flipped_bytes_in_a_checksummed_page_are_refused(spark, warehouse, rest_catalog, sql_target, tmp_path):
     name = "dmg_crc"
-    src = make_source(spark, name)
-    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
-    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    src, tgt, cfg = damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name)
     victim = data_files(spark, src)[0]
     meta = pq.ParquetFile(victim).metadata
     name_col = [i for i in range(meta.num_columns) if meta.schema.column(i).name == "name"][0]

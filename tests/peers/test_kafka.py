@@ -1,6 +1,7 @@
 """The Kafka republisher against a real broker: Apache Kafka 4.1 in KRaft mode (scripts/kafka.sh, from Maven Central
 jars), read back by a consumer that is not ours (confluent-kafka, `read_committed`) and by a Kafka Connect worker
 (JsonConverter with schemas, FileStreamSink). Sources are the Spark-written tables of the other peer tests."""
+import contextlib
 import json
 import os
 import random
@@ -63,6 +64,22 @@ def service_config(tmp_path, warehouse, pipeline, table, sinks):
         f'[[pipelines]]\nname = "{pipeline}"\nsource = {{ catalog = "lake", table = "db.{table}" }}\n\n{sinks}'
     )
     return svc
+
+
+@contextlib.contextmanager
+def running_service(svc, tmp_path):
+    """`cdc run --config svc` for the body of the `with`, then SIGTERM: it must exit 0; yields a dict that holds its
+    log (`log`) once it stopped."""
+    ended = {}
+    with open(tmp_path / "svc.log", "w") as log:
+        p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield ended
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(60)
+    ended["log"] = open(tmp_path / "svc.log").read()
+    assert rc == 0, ended["log"][-2000:]
 
 
 def kafka_sink(kafka, topic, **extra):
@@ -316,21 +333,14 @@ def test_service_fan_out(spark, warehouse, kafka, tmp_path):
     # the Iceberg sink deletes by position (no equality deletes) beside the Kafka sink
     iceberg = '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "lake"\ntable = "fan.svc_replica"\ndelete_mode = "position"\n\n'
     svc = service_config(tmp_path, warehouse, "svcfan", "fan_src", iceberg + kafka_sink(kafka, topic, format="debezium"))
-    log = open(tmp_path / "svc.log", "w")
-    p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with running_service(svc, tmp_path) as ended:
         time.sleep(3)
         spark.sql(f"UPDATE {src} SET v = 'a2' WHERE id = 1")
         spark.sql(f"DELETE FROM {src} WHERE id = 2")
         spark.sql(f"INSERT INTO {src} VALUES (4, 'd')")
         wait_until(lambda: spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src))
         state = fold(consume(kafka["bootstrap"], topic, idle=5))
-    finally:
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(60)
-        log.close()
-    text = open(tmp_path / "svc.log").read()
-    assert rc == 0, text[-2000:]
+    text = ended["log"]
     assert "sink=iceberg:fan.svc_replica+kafka:" in text, "one loop for both sinks"
     assert spark_table_rows(spark, f"{CAT}.fan.svc_replica") == spark_table_rows(spark, src)
     contents = {r.content for r in spark.sql(f"SELECT content FROM {CAT}.fan.svc_replica.all_delete_files").collect()}
@@ -392,9 +402,7 @@ def test_the_service_follows_a_rollback_into_iceberg_and_kafka(spark, warehouse,
     def in_step():
         return wait_until(lambda: spark_table_rows(spark, tgt) == spark_table_rows(spark, src), 90)
 
-    log = open(tmp_path / "svc.log", "w")
-    p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with running_service(svc, tmp_path) as ended:
         assert in_step()
         base = current()
         spark.sql(f"DELETE FROM {src} WHERE id < 10")
@@ -410,12 +418,7 @@ def test_the_service_follows_a_rollback_into_iceberg_and_kafka(spark, warehouse,
         spark.sql(f"CALL {CAT}.system.cherrypick_snapshot('db.rw_svc', {orphan})")
         assert in_step(), "the cherry-pick onto the older line is followed"
         got = consume(kafka["bootstrap"], topic, idle=6)
-    finally:
-        p.send_signal(signal.SIGTERM)
-        rc = p.wait(60)
-        log.close()
-    text = open(tmp_path / "svc.log").read()
-    assert rc == 0, text[-2000:]
+    text = ended["log"]
     assert "permanent" not in text, "no pipeline stopped"
     assert text.count("the source's history was rewritten") >= 2, text[-3000:]
     state = fold(got)
