@@ -2012,3 +2012,79 @@ async fn a_sync_that_loses_a_race_to_maintenance_plans_again_and_leaves_nothing_
     let m: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(m["orphans_deleted"], 0, "left behind by the racing commits: {m}");
 }
+
+/// A disk that fills up at any step of a sync (issue 50) — the target's creation, a data or delete file, a
+/// manifest, the manifest list, the metadata file: a tmpfs with room for 0 to 12 more pages (a whole sync needs ~6). Each
+/// failed sync exits 10 naming a file on that disk, and leaves nothing behind: once room is made, a maintenance pass
+/// (orphan grace 0) finds no orphan, and the next sync ends equal to the source.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disk_that_fills_at_any_step_of_a_sync_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, table, wh) = quickstart_table(dir.path()).await;
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&full).status().unwrap();
+    assert!(mounted.success(), "this test mounts a small tmpfs (run as root)");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(full.clone());
+    let available = |p: &Path| {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bavail as u64 * st.f_bsize as u64
+    };
+    let mut failed_on = std::collections::BTreeSet::new();
+    let mut succeeded = 0;
+    for free_pages in 0..=12u64 {
+        for e in std::fs::read_dir(&full).unwrap().flatten() {
+            let _ = if e.path().is_dir() { std::fs::remove_dir_all(e.path()) } else { std::fs::remove_file(e.path()) };
+        }
+        let filler = full.join("filler");
+        std::fs::write(&filler, vec![0u8; (available(&full) - free_pages * 4096) as usize]).unwrap();
+        let tw = full.join("target");
+        let cfg = config(dir.path(), &sync_config(&wh, "replica.full", &tw, "orphan_grace = \"0s\""));
+        let cfg_s = cfg.to_str().unwrap();
+        let out = cdc(&["sync", "--config", cfg_s]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        match code(&out) {
+            exit::OK => succeeded += 1,
+            exit::IO => {
+                let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_default().to_string();
+                assert!(line.contains(full.to_str().unwrap()), "{free_pages} pages: the message names the file: {err}");
+                let named = line.split(full.to_str().unwrap()).nth(1).unwrap_or_default();
+                let kind = ["metadata.json", ".tmp", "version-hint", ".avro", "eq-deletes", "data-", ".puffin"].iter().find(|k| named.contains(*k));
+                failed_on.insert(kind.copied().unwrap_or("other"));
+            }
+            other => panic!("{free_pages} pages: exit {other}: {err}"),
+        }
+        // room again: nothing the failed sync wrote is left unreferenced, and the next sync completes it
+        std::fs::remove_file(&filler).unwrap();
+        let m = cdc(&["maintain", "--config", cfg_s, "--json"]);
+        if code(&m) == exit::NOT_FOUND {
+            let mut left = Vec::new();
+            for d in [tw.join("replica").join("full").join("data"), tw.join("replica").join("full").join("metadata")] {
+                left.extend(
+                    std::fs::read_dir(&d)
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "parquet" || x == "avro" || x == "tmp")),
+                );
+            }
+            assert!(left.is_empty(), "{free_pages} pages, no table: left behind {left:?}");
+        } else {
+            let m: serde_json::Value = serde_json::from_str(&ok(m)).unwrap();
+            assert_eq!(m["orphans_deleted"], 0, "{free_pages} pages: left behind by the failed sync: {m}\n{err}");
+        }
+        ok(cdc(&["sync", "--config", cfg_s]));
+        assert_target_equals_source(&cfg, &table, "replica.full").await;
+    }
+    assert!(succeeded > 0, "enough room for a whole sync at the top of the range");
+    assert!(failed_on.len() >= 3, "the disk filled at several steps: {failed_on:?}");
+}
