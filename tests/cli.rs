@@ -631,22 +631,31 @@ async fn concurrent_appliers_never_reapply_or_go_backwards() {
     }
 }
 
+/// A small tmpfs mounted at a new directory `dir` (the disk-full tests; needs root), unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir(dir).unwrap();
+        let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
+        assert!(mounted.success(), "this test mounts a small tmpfs (run as root)");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// A full disk under the target or the output: the I/O exit code, the path, the cause once, nothing committed.
 #[tokio::test(flavor = "multi_thread")]
 async fn disk_full_names_the_file_and_exits_with_the_io_code() {
     let dir = tempfile::tempdir().unwrap();
     let (_c, _table, wh) = quickstart_table(dir.path()).await;
     let full = dir.path().join("full");
-    std::fs::create_dir(&full).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=12k", "tmpfs"]).arg(&full).status().unwrap();
-    assert!(mounted.success(), "this test mounts a small tmpfs (run as root)");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(full.clone());
+    let _mounted = Tmpfs::mount(&full, "12k");
     // a filler leaves almost no room
     let _ = std::fs::write(full.join("filler"), vec![0u8; 8 * 1024]);
 
@@ -2022,16 +2031,7 @@ async fn a_disk_that_fills_at_any_step_of_a_sync_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let (_c, table, wh) = quickstart_table(dir.path()).await;
     let full = dir.path().join("full");
-    std::fs::create_dir(&full).unwrap();
-    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&full).status().unwrap();
-    assert!(mounted.success(), "this test mounts a small tmpfs (run as root)");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(full.clone());
+    let _mounted = Tmpfs::mount(&full, "1m");
     let available = |p: &Path| {
         let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };

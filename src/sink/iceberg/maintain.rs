@@ -65,48 +65,30 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
     out.manifests_before = manifest_count(&table).await?;
 
     if cfg.compact {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            match compact::compact(catalog, cfg, &table, &compact::Policy::thorough(cfg), memory_budget).await {
-                Ok(Some((t, c))) => {
-                    out.compacted = c;
-                    table = t;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    if let Some(moved) = lost_race(catalog, cfg, &table, &e, attempts).await {
-                        tracing::info!(table = %cfg.table, error = %e, "another writer moved the table during compaction; planning it again");
-                        table = moved;
-                        continue;
-                    }
-                    tracing::warn!(table = %cfg.table, error = %e, "compaction failed");
-                    out.failures.push(format!("compact: {e}"));
-                    first_error.get_or_insert(e);
-                    table = catalog.load_table(&cfg.table).await?;
-                }
+        let policy = compact::Policy::thorough(cfg);
+        match step(catalog, cfg, &mut table, |t| async move { compact::compact(catalog, cfg, &t, &policy, memory_budget).await }).await {
+            Ok(Some((t, c))) => {
+                out.compacted = c;
+                table = t;
             }
-            break;
-        }
-    }
-
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        match rewrite_manifests(catalog, cfg, table.clone()).await {
-            Ok(t) => table = t,
+            Ok(None) => {}
             Err(e) => {
-                if let Some(moved) = lost_race(catalog, cfg, &table, &e, attempts).await {
-                    table = moved;
-                    continue;
-                }
-                tracing::warn!(table = %cfg.table, error = %e, "rewriting manifests failed");
-                out.failures.push(format!("rewrite manifests: {e}"));
+                tracing::warn!(table = %cfg.table, error = %e, "compaction failed");
+                out.failures.push(format!("compact: {e}"));
                 first_error.get_or_insert(e);
                 table = catalog.load_table(&cfg.table).await?;
             }
         }
-        break;
+    }
+
+    match step(catalog, cfg, &mut table, |t| rewrite_manifests(catalog, cfg, t)).await {
+        Ok(t) => table = t,
+        Err(e) => {
+            tracing::warn!(table = %cfg.table, error = %e, "rewriting manifests failed");
+            out.failures.push(format!("rewrite manifests: {e}"));
+            first_error.get_or_insert(e);
+            table = catalog.load_table(&cfg.table).await?;
+        }
     }
     let retention = Retention { max_age: cfg.snapshot_retention, min_snapshots: cfg.retain_snapshots, new_head: false };
     match expire::expire(catalog, &table, &retention, true).await {
@@ -140,6 +122,29 @@ pub async fn maintain(catalog: &Catalog, cfg: &TargetConfig, memory_budget: u64)
         "maintenance done"
     );
     Ok((out, first_error))
+}
+
+/// Runs a maintenance step on `table`, planning it again on the table as it is now while it loses races to other
+/// writers ([`lost_race`]); `table` ends as the one the last attempt ran on.
+async fn step<T, F, Fut>(catalog: &Catalog, cfg: &TargetConfig, table: &mut Table, mut run: F) -> Result<T>
+where
+    F: FnMut(Table) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match run(table.clone()).await {
+            Err(e) => match lost_race(catalog, cfg, table, &e, attempts).await {
+                Some(moved) => {
+                    tracing::info!(table = %cfg.table, error = %e, "another writer moved the table during maintenance; planning the step again");
+                    *table = moved;
+                }
+                None => return Err(e),
+            },
+            done => return done,
+        }
+    }
 }
 
 /// A step that failed on `planned` lost a race when another writer moved the table meanwhile, or when a file it
