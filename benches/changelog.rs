@@ -3,7 +3,8 @@
 //! baseline in the same run: reading the same data files with the arrow-rs Parquet reader and writing the same
 //! number of rows with the arrow-rs Parquet writer.
 //!
-//! `cargo bench --bench changelog [-- --rows N --runs K]`. Prints a Markdown table (copied into README.md).
+//! `cargo bench --bench changelog [-- --rows N --runs K --compare OTHER_CDC_BINARY]`. Prints a Markdown table (copied
+//! into README.md); `--compare` runs another build of `cdc` alternately with this one, for a before/after in one sitting.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -84,23 +85,31 @@ fn main() {
     let BenchTable { config: cfg, files, bytes, base } = rt.block_on(build_table(&root, rows, &hadoop_catalog(&root), ""));
     eprintln!("bench: table with {rows} rows ({:.1} MB in {} files) built in {:.1}s", bytes as f64 / 1e6, files.len(), t0.elapsed().as_secs_f64());
 
+    // --compare BIN: another build of `cdc` (say, the one before a change), run alternately with this one
+    let compare = args.iter().position(|a| a == "--compare").and_then(|i| args.get(i + 1)).cloned();
     let out = root.join("changes.parquet");
     let mut cdc_runs = Vec::new();
+    let mut compare_runs = Vec::new();
     let mut change_rows = 0usize;
     for _ in 0..runs {
         let base = base.to_string();
-        let m = measure(Command::new(CDC).args([
-            "changes",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--from-snapshot",
-            &base,
-            "--format",
-            "parquet",
-            "--output",
-            out.to_str().unwrap(),
-        ]));
-        cdc_runs.push(m);
+        let changes = |bin: &str| {
+            measure(Command::new(bin).args([
+                "changes",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--from-snapshot",
+                &base,
+                "--format",
+                "parquet",
+                "--output",
+                out.to_str().unwrap(),
+            ]))
+        };
+        cdc_runs.push(changes(CDC));
+        if let Some(bin) = &compare {
+            compare_runs.push(changes(bin));
+        }
     }
     {
         let r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&out).unwrap()).unwrap();
@@ -139,10 +148,14 @@ fn main() {
     };
     let (cdc_row, cdc_p50) = report("`cdc changes` → Parquet", &cdc_runs);
     let (base_row, base_p50) = report("raw arrow-rs read + write (baseline)", &base_runs);
+    let compare_row = compare.as_ref().map(|bin| report(&format!("`cdc changes` → Parquet, build `{bin}`"), &compare_runs).0);
     println!("\nWorkload: {rows} rows in {} files ({:.1} MB), one snapshot updating {} and deleting {} rows by equality deletes → {change_rows} change rows; {runs} runs each, 2 cores.\n", files.len(), bytes as f64 / 1e6, rows / 10, rows / 50);
     println!("| run | rows/s | MB/s per core | rows/s per core | MB/s | CPU s | CPU s per GB | peak RSS MB | p50 / p95 s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     println!("{cdc_row}");
+    if let Some(row) = compare_row {
+        println!("{row}");
+    }
     println!("{base_row}");
     println!("\n`cdc` reaches {:.0} % of the raw baseline's throughput.", 100.0 * base_p50 / cdc_p50);
 }

@@ -15,8 +15,12 @@
 //!   `cdc_pipeline_overdue` counted at once, the busy pipelines' latency (P50/P99) and the service's CPU.
 //!   `--busy-apart 1` puts the busy targets in a warehouse of their own (else beside the idle ones).
 //!
+//! - History (`--history N[,N…]`): the cost of following a source by the length of its history, per build (this and
+//!   `--baseline`): `--commits` small commits at `--rate` per second replayed by moving the catalog's pointer over
+//!   a source of N snapshots with one unmerged manifest each; CPU per target commit and latency.
+//!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -247,8 +251,8 @@ async fn main() {
     println!("### Service idle cost (caught-up pipelines, poll {idle_poll} s, measured over {idle_seconds} s)\n");
     println!("| build | pipelines | CPU % of one core | RSS MB | RSS KB per pipeline | peak RSS MB | threads | catch-up s |");
     println!("|---|---|---|---|---|---|---|---|");
-    let builds: Vec<(&str, String)> = std::iter::once(("this", CDC.to_string())).chain(baseline.iter().map(|b| ("baseline", b.clone()))).collect();
-    for &n in &idle_counts {
+    let builds = builds_of(baseline.as_deref());
+    for &n in idle_counts.iter().filter(|&&n| n > 0) {
         for (label, cdc) in &builds {
             let tw = dir.path().join(format!("idle-{label}-{n}"));
             let cfg = dir.path().join(format!("idle-{label}-{n}.toml"));
@@ -278,6 +282,13 @@ async fn main() {
         }
     }
 
+    if let Some(histories) = text_arg("--history") {
+        let histories: Vec<usize> = histories.split(',').map(|n| n.trim().parse().expect("--history N[,N…]")).collect();
+        let rate = arg("--rate", 4);
+        let commits = arg("--commits", 100) as usize;
+        history_bench(dir.path(), &histories, rate, commits, &builds_of(baseline.as_deref())).await;
+    }
+
     if let Some(mixed) = text_arg("--mixed") {
         let (idle_n, busy_n) = mixed.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--mixed IDLE,BUSY");
         let seconds = arg("--mixed-seconds", 60);
@@ -285,6 +296,101 @@ async fn main() {
         let busy_apart = arg("--busy-apart", 0) == 1;
         mixed_bench(dir.path(), &wh, &table, (idle_n, busy_n, busy_apart), idle_poll, seconds, scrape_every).await;
     }
+}
+
+/// This build, then `--baseline`'s when given: (label, binary).
+fn builds_of(baseline: Option<&str>) -> Vec<(&'static str, String)> {
+    std::iter::once(("this", CDC.to_string())).chain(baseline.map(|b| ("baseline", b.to_string()))).collect()
+}
+
+/// The cost of following a source by its history's length (see the module docs): a fresh source of `history`
+/// appends (one manifest each, never merged), then `commits` more — 50 rows appended, every third commit also 5
+/// rows deleted by equality deletes — all written up front; the catalog's pointer is then moved one commit forward
+/// `rate` times a second while a service (poll 250 ms) follows into a new target, so the writer costs the
+/// service's cores nothing. Reported per build: CPU per target commit, target commits, latency P50/P99.
+async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, builds: &[(&str, String)]) {
+    println!("### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted)\n");
+    println!("| history (snapshots) | build | target commits | CPU ms per target commit | service CPU % | latency P50 s | P99 s | max s |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    for &history in histories {
+        let root = dir.join(format!("history-{history}"));
+        let wh = root.join("warehouse");
+        let cfg = Config::parse(&format!(
+            "[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
+            quickstart::TABLE,
+            wh.display()
+        ))
+        .unwrap();
+        std::fs::create_dir_all(&wh).unwrap();
+        let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+        let schema = quickstart::demo_schema().unwrap();
+        let creation = iceberg::TableCreation::builder().name("orders".into()).schema(schema).build();
+        let mut table = catalog.create_table(quickstart::TABLE, creation).await.unwrap();
+        let t0 = Instant::now();
+        let mut locations = Vec::new();
+        let mut next_id = 0i64;
+        for n in 0..history + commits {
+            let rows: Vec<(i64, &str, i128)> = (0..50).map(|i| (next_id + i, "bench", i as i128)).collect();
+            next_id += 50;
+            let deletes: Vec<i64> = if n >= history && n % 3 == 2 { (0..5).map(|i| next_id - 100 + i * 7).collect() } else { Vec::new() };
+            let b = quickstart::orders_batch(&table, &rows).unwrap();
+            let mut delta = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new()
+                .add_data_files(iceberg_cdc::sink::iceberg::files::write_data(&table, &[b]).await.unwrap());
+            if !deletes.is_empty() {
+                let doomed: Vec<(i64, &str, i128)> = deletes.iter().map(|&id| (id, "", 0)).collect();
+                let d = quickstart::orders_batch(&table, &doomed).unwrap();
+                delta = delta.add_delete_files(iceberg_cdc::sink::iceberg::files::write_equality_deletes(&table, vec![1], &[d]).await.unwrap());
+            }
+            let c = delta.prepare(&table).await.unwrap();
+            table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
+            locations.push(table.metadata_location().unwrap().to_string());
+        }
+        eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
+        let db = rusqlite::Connection::open(wh.join("catalog.db")).unwrap();
+        let point = |loc: &str| {
+            db.execute("UPDATE iceberg_tables SET metadata_location = ?1 WHERE table_name = 'orders'", [loc]).unwrap();
+        };
+        let uuid = table.metadata().uuid().to_string();
+        for (label, cdc) in builds {
+            point(&locations[history - 1]);
+            let tw = root.join(format!("target-{label}"));
+            let cfg_path = root.join(format!("service-{label}.toml"));
+            let toml = service_toml(&wh, &tw, 1, 1).replace("poll_interval = \"1s\"", "poll_interval = \"250ms\"");
+            std::fs::write(&cfg_path, toml).unwrap();
+            let child = spawn(cdc, &cfg_path);
+            let start_head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
+            wait_caught_up(&tw, "replica.orders0", &uuid, start_head, Duration::from_secs(120), "the bootstrap").await;
+            let target_before = hadoop_table(&tw, "replica.orders0").await.unwrap().metadata().snapshots().count();
+            let pid = child.id();
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            let (c0, w0) = (cpu_ticks(pid), Instant::now());
+            for (i, loc) in locations[history..].iter().enumerate() {
+                point(loc);
+                let due = Duration::from_secs_f64((i + 1) as f64 / rate as f64);
+                tokio::time::sleep(due.saturating_sub(w0.elapsed())).await;
+            }
+            let head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
+            wait_caught_up(&tw, "replica.orders0", &uuid, head, Duration::from_secs(600), "the service").await;
+            let (c1, w1) = (cpu_ticks(pid), Instant::now());
+            stop(child);
+            let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
+            let target_commits = target.metadata().snapshots().count().saturating_sub(target_before).max(1);
+            let source = catalog.load_table(quickstart::TABLE).await.unwrap();
+            let lineage = iceberg_cdc::spec::lineage::main_lineage(source.metadata());
+            let mut lat = latencies(lineage.iter().skip(history).copied(), &target);
+            lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let cpu = (c1 - c0) as f64 / hz;
+            println!(
+                "| {history} | {label} | {target_commits} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                cpu * 1000.0 / target_commits as f64,
+                cpu / (w1 - w0).as_secs_f64() * 100.0,
+                percentile(&lat, 50.0),
+                percentile(&lat, 99.0),
+                lat.last().copied().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    println!();
 }
 
 /// The mixed run (see the module docs).

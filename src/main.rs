@@ -263,12 +263,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                     .await?;
             tracing::info!(summary = %serde_json::to_string(&summary).unwrap_or_default(), "changes done");
             eprintln!(
-                "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",
+                "cdc: {} snapshot(s) ({} compaction), {} insert, {} delete, {} update; {} manifests, {} files / {:.1} MB read, {:.1} MB spilled, in {:.2}s",
                 summary.snapshots,
                 summary.skipped_replace,
                 summary.inserts,
                 summary.deletes,
                 summary.update_pairs,
+                summary.manifests_read,
                 summary.files_read,
                 summary.bytes_read as f64 / 1e6,
                 summary.spilled_bytes as f64 / 1e6,

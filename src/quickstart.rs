@@ -20,7 +20,8 @@ use crate::sink::iceberg::{files, rowdelta::RowDelta};
 /// The demo source table.
 pub const TABLE: &str = "demo.orders";
 
-fn demo_schema() -> Result<Schema> {
+/// The demo table's schema: `id` (the key), `customer`, `amount`, `updated_at`.
+pub fn demo_schema() -> Result<Schema> {
     Ok(Schema::builder()
         .with_identifier_field_ids([1])
         .with_fields(vec![

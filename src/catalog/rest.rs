@@ -286,9 +286,11 @@ impl RestClient {
 
     /// A server's error text without any secret this client holds (its properties' and the current token).
     async fn server_text(&self, resp: reqwest::Response) -> String {
-        let text = server_message(&resp.text().await.unwrap_or_default());
         let token = self.token().await.ok().flatten().map(|t| t.secret.clone());
-        crate::redact::redact(&text, self.secrets.iter().map(String::as_str).chain(token.as_deref()))
+        let secrets = || self.secrets.iter().map(String::as_str).chain(token.as_deref());
+        // redacted before a long body is shortened (no prefix of a secret left) and after it is decoded (escapes)
+        let body = crate::redact::redact(&resp.text().await.unwrap_or_default(), secrets());
+        crate::redact::redact(&server_message(&body), secrets())
     }
 
     async fn status_error(&self, url: &str, resp: reqwest::Response) -> Error {

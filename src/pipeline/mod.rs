@@ -39,6 +39,8 @@ pub struct ChangesSummary {
     pub deletes: u64,
     /// `UPDATE_BEFORE`/`UPDATE_AFTER` pairs emitted.
     pub update_pairs: u64,
+    /// Manifests read to plan the range.
+    pub manifests_read: u64,
     /// Source files read.
     pub files_read: u64,
     /// Their bytes.
@@ -50,6 +52,22 @@ pub struct ChangesSummary {
     pub one_pass_memory_budget: Option<u64>,
     /// Wall-clock time of the run.
     pub seconds: f64,
+}
+
+impl ChangesSummary {
+    /// Adds what one scan of a snapshot (or of a state) read and emitted; `inverted`: its rows were emitted
+    /// inverted (an undone snapshot: an INSERT counted as a DELETE, and so on).
+    fn count(&mut self, st: &SnapshotStats, inverted: bool) {
+        let (ins, del) = (st.count(ChangeType::Insert), st.count(ChangeType::Delete));
+        let (ins, del) = if inverted { (del, ins) } else { (ins, del) };
+        self.inserts += ins;
+        self.deletes += del;
+        self.update_pairs += st.count(ChangeType::UpdateAfter);
+        self.manifests_read += st.manifests_read;
+        self.files_read += st.files_read;
+        self.bytes_read += st.bytes_read;
+        self.spilled_bytes += st.spilled_bytes();
+    }
 }
 
 /// Connects to the source's catalog and loads the source table.
@@ -78,8 +96,9 @@ fn warn_in_parts(st: &SnapshotStats) -> Option<u64> {
     Some(p.one_pass_budget)
 }
 
-/// The changelog scan's options from `cfg`'s engine settings.
+/// The changelog scan's options from `cfg`'s engine settings (and the size of the cache of parsed manifests).
 pub fn scan_options(cfg: &Config) -> ScanOptions {
+    crate::source::files::size_manifest_cache(cfg.engine.memory_budget);
     ScanOptions {
         memory_budget: cfg.engine.memory_budget,
         configured_budget: cfg.engine.memory_budget,
@@ -122,29 +141,19 @@ pub async fn run_changes(
         let mut out = WriterConsumer(writer.as_mut());
         let mut inverse = crate::change::Inverse::new(&mut out);
         // what was read, counted as what was written: an undone INSERT is a DELETE, and so on
-        let mut count = |st: &SnapshotStats, inverted: bool| {
-            let (ins, del) = (st.count(ChangeType::Insert), st.count(ChangeType::Delete));
-            let (ins, del) = if inverted { (del, ins) } else { (ins, del) };
-            summary.inserts += ins;
-            summary.deletes += del;
-            summary.update_pairs += st.count(ChangeType::UpdateAfter);
-            summary.files_read += st.files_read;
-            summary.bytes_read += st.bytes_read;
-            summary.spilled_bytes += st.spilled_bytes();
-        };
         if let Some(from) = &rw.clear {
-            count(&scan.scan_contents(from, &mut inverse).await?, true);
+            summary.count(&scan.scan_contents(from, &mut inverse).await?, true);
             inverse.flush().await?;
         }
         for snap in &rw.undo {
-            count(&scan.scan_snapshot(snap, ordinal, &mut inverse).await?, true);
+            summary.count(&scan.scan_snapshot(snap, ordinal, &mut inverse).await?, true);
             inverse.flush().await?;
             if snap.summary().operation != iceberg::spec::Operation::Replace {
                 ordinal += 1;
             }
         }
         if rw.copy {
-            count(&scan.scan_contents(&rw.to, &mut out).await?, false);
+            summary.count(&scan.scan_contents(&rw.to, &mut out).await?, false);
         }
     }
     for snap in &snapshots {
@@ -156,12 +165,7 @@ pub async fn run_changes(
         if st.operation == "replace" {
             summary.skipped_replace += 1;
         }
-        summary.inserts += st.count(ChangeType::Insert);
-        summary.deletes += st.count(ChangeType::Delete);
-        summary.update_pairs += st.count(ChangeType::UpdateAfter);
-        summary.files_read += st.files_read;
-        summary.bytes_read += st.bytes_read;
-        summary.spilled_bytes += st.spilled_bytes();
+        summary.count(&st, false);
         summary.one_pass_memory_budget = summary.one_pass_memory_budget.max(warn_in_parts(&st));
         on_snapshot(&st);
     }

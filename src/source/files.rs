@@ -3,12 +3,19 @@
 //! A snapshot's manifests list its live files plus, with status DELETED, the files it removed. So the file sets
 //! before (at the parent) and after the snapshot both follow from the snapshot alone — an expired parent does not
 //! matter:  before = live-and-not-added ∪ removed,  after = live.
+//!
+//! [`plan`] reads every manifest (all live files); [`plan_changes`] reads only what a changelog of the snapshot
+//! needs — the manifests it wrote, and older ones only where its deletes can reach — so following one small commit
+//! costs the same however long the table's history and however many unmerged manifests it left.
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use iceberg::spec::{DataContentType, DataFile, ManifestStatus, PrimitiveType, SnapshotRef, Struct};
+use iceberg::spec::{
+    DataContentType, DataFile, Datum, FieldSummary, Literal, Manifest, ManifestContentType, ManifestFile, ManifestStatus, PrimitiveType,
+    SnapshotRef, Struct, StructType,
+};
 use iceberg::table::Table;
 
 use crate::error::{Error, Result};
@@ -51,69 +58,228 @@ pub struct SnapshotFiles {
     pub changed_deletes: Vec<Arc<FileEntry>>,
     pub added_data: usize,
     pub removed_data: usize,
+    /// Manifests read to plan it.
+    pub manifests_read: usize,
 }
 
+/// Every file of `snapshot`: all its manifests read (a compaction, a bootstrap copy, a target's position lookups).
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
-    let meta = table.metadata();
+    let list = manifest_list(table, snapshot).await?;
+    let mut out = SnapshotFiles::default();
+    out.manifests_read = list.len();
+    for (mf, manifest) in load(table, list, concurrency).await? {
+        add_entries(&mut out, table, &mf, &manifest, snapshot.snapshot_id())?;
+    }
+    Ok(out)
+}
+
+/// The files a changelog of `snapshot` needs, read from as few manifests as that allows (the cost of a snapshot
+/// then follows what it changed, not the table's history):
+///
+/// 1. the manifests the snapshot wrote (`added_snapshot_id`): by the spec, the only ones holding the files it added
+///    or removed (status ADDED/DELETED with its id);
+/// 2. when it added or removed delete files, the older data manifests whose partition bounds can hold a file one of
+///    them applies to (a global equality delete: every older data manifest);
+/// 3. the older delete manifests that can hold a delete applying to a file of 1–2: added at a sequence number at or
+///    above the lowest data sequence number among those files (a delete applies only to data not newer than it).
+///
+/// Complete for every data file whose live rows the snapshot can change, with every delete file that applies to
+/// one; other live files are left out. When the snapshot's summary counts disagree with what its own manifests
+/// hold (a writer that reused another snapshot's manifests), every manifest is read, as [`plan`] does.
+pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
+    let sid = snapshot.snapshot_id();
+    let (own, older): (Vec<_>, Vec<_>) = manifest_list(table, snapshot).await?.into_iter().partition(|mf| mf.added_snapshot_id == sid);
+    let mut out = SnapshotFiles { manifests_read: own.len(), ..Default::default() };
+    for (mf, manifest) in load(table, own, concurrency).await? {
+        add_entries(&mut out, table, &mf, &manifest, sid)?;
+    }
+    if !summary_agrees(snapshot, &out) {
+        tracing::debug!(snapshot = sid, "the snapshot's own manifests do not hold what its summary counts; reading every manifest");
+        return plan(table, snapshot, concurrency).await;
+    }
+    let (data, deletes): (Vec<_>, Vec<_>) = older.into_iter().partition(|mf| mf.content == ManifestContentType::Data);
+    if !out.changed_deletes.is_empty() {
+        let meta = table.metadata();
+        let wanted: Vec<_> = data.into_iter().filter(|mf| out.changed_deletes.iter().any(|d| may_hold_applicable(meta, mf, d))).collect();
+        out.manifests_read += wanted.len();
+        for (mf, manifest) in load(table, wanted, concurrency).await? {
+            add_entries(&mut out, table, &mf, &manifest, sid)?;
+        }
+    }
+    let Some(lowest) = out.data_before.values().chain(out.data_after.values()).map(|f| f.seq).min() else { return Ok(out) };
+    let wanted: Vec<_> = deletes.into_iter().filter(|mf| mf.sequence_number >= lowest).collect();
+    out.manifests_read += wanted.len();
+    for (mf, manifest) in load(table, wanted, concurrency).await? {
+        add_entries(&mut out, table, &mf, &manifest, sid)?;
+    }
+    Ok(out)
+}
+
+/// Whether the files a snapshot added and removed, as its own manifests hold them, match the counts its summary
+/// gives (where it gives them; writers leave zero counts out).
+fn summary_agrees(snapshot: &SnapshotRef, out: &SnapshotFiles) -> bool {
+    let props = &snapshot.summary().additional_properties;
+    let count = |k: &str| props.get(k).and_then(|v| v.parse::<usize>().ok());
+    let added_deletes = out.changed_deletes.iter().filter(|d| out.deletes_after.iter().any(|a| Arc::ptr_eq(a, d))).count();
+    let removed_deletes = out.changed_deletes.len() - added_deletes;
+    [("added-data-files", out.added_data), ("deleted-data-files", out.removed_data), ("added-delete-files", added_deletes), ("removed-delete-files", removed_deletes)]
+        .into_iter()
+        .all(|(k, n)| count(k).is_none_or(|c| c == n))
+}
+
+/// Whether data manifest `mf` can hold a file that delete file `d` applies to, judged by the partition bounds the
+/// manifest list gives: always, unless both share a partitioned spec and a partition value of `d` lies outside
+/// the manifest's bounds for that field.
+fn may_hold_applicable(meta: &iceberg::spec::TableMetadata, mf: &ManifestFile, d: &FileEntry) -> bool {
+    if d.unpartitioned || d.spec_id != mf.partition_spec_id {
+        return true;
+    }
+    let (Some(summaries), Some(spec)) = (&mf.partitions, meta.partition_spec_by_id(mf.partition_spec_id)) else { return true };
+    let Ok(partition_type) = spec.partition_type(meta.current_schema()) else { return true };
+    partition_may_hold(&partition_type, summaries, d.partition())
+}
+
+/// Whether a manifest whose partition field summaries are `summaries` (of `partition_type`) can hold a file of
+/// partition `value`: no field's value lies outside its bounds (a null needs `contains_null`); bounds that do not
+/// decode never rule a manifest out.
+fn partition_may_hold(partition_type: &StructType, summaries: &[FieldSummary], value: &Struct) -> bool {
+    partition_type.fields().iter().zip(summaries).enumerate().all(|(i, (field, summary))| {
+        let Some(ty) = field.field_type.as_primitive_type() else { return true };
+        match value.fields().get(i) {
+            None | Some(None) => summary.contains_null,
+            Some(Some(Literal::Primitive(v))) => {
+                let bound = |b: &Option<iceberg::spec::ByteBuf>| b.as_ref().and_then(|b| Datum::try_from_bytes(b, ty.clone()).ok());
+                let below = bound(&summary.lower_bound).is_some_and(|lo| v.partial_cmp(lo.literal()) == Some(Ordering::Less));
+                let above = bound(&summary.upper_bound).is_some_and(|hi| v.partial_cmp(hi.literal()) == Some(Ordering::Greater));
+                !(below || above)
+            }
+            Some(Some(_)) => true,
+        }
+    })
+}
+
+/// The manifests `snapshot`'s manifest list names.
+async fn manifest_list(table: &Table, snapshot: &SnapshotRef) -> Result<Vec<ManifestFile>> {
     let list = table.manifest_list_reader(snapshot).load().await.map_err(|e| {
         Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e)
     })?;
+    // collected: the iterator iceberg-rust returns is not `Send`, and the planning futures must be (a sink compacts)
+    Ok(list.consume_entries().into_iter().collect())
+}
+
+/// Reads `manifests`, `concurrency` at a time, through the process's cache of parsed manifests ([`cached`]).
+async fn load(table: &Table, manifests: Vec<ManifestFile>, concurrency: usize) -> Result<Vec<(ManifestFile, Arc<Manifest>)>> {
     let file_io = table.file_io().clone();
-    // collected first: the iterator iceberg-rust returns is not `Send`, and this future must be (a sink compacts)
-    let entries: Vec<iceberg::spec::ManifestFile> = list.consume_entries().into_iter().collect();
-    let manifests: Vec<_> = futures::stream::iter(entries.into_iter().map(|mf| {
+    futures::stream::iter(manifests.into_iter().map(|mf| {
         let file_io = file_io.clone();
         async move {
-            let m = mf.load_manifest(&file_io).await.map_err(|e| Error::data(mf.manifest_path.clone(), e))?;
+            let path = mf.manifest_path.clone();
+            let m = cached()
+                .try_get_with(path.clone(), async { mf.load_manifest(&file_io).await.map(Arc::new) })
+                .await
+                .map_err(|e| Error::data(path, e.to_string()))?;
             Ok::<_, Error>((mf, m))
         }
     }))
     .buffer_unordered(concurrency.max(1))
     .try_collect()
-    .await?;
+    .await
+}
 
-    let sid = snapshot.snapshot_id();
-    let mut out = SnapshotFiles::default();
-    for (mf, manifest) in manifests {
-        let spec_id = mf.partition_spec_id;
-        let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
-        let row_ids = crate::spec::row_lineage::first_row_ids(meta.format_version(), &mf, &manifest);
-        for (entry, first_row_id) in manifest.entries().iter().zip(row_ids) {
-            let seq = entry
-                .sequence_number()
-                .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
-            check_format(entry.data_file())?;
-            let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned, first_row_id });
-            let is_data = entry.content_type() == DataContentType::Data;
-            let (before, after) = match entry.status() {
-                ManifestStatus::Deleted if entry.snapshot_id() == Some(sid) => (true, false),
-                ManifestStatus::Deleted => continue, // removed by an earlier snapshot
-                ManifestStatus::Added if entry.snapshot_id() == Some(sid) => (false, true),
-                _ => (true, true),
-            };
-            if is_data {
-                if before {
-                    out.data_before.insert(fe.path().to_string(), fe.clone());
-                }
-                if after {
-                    out.data_after.insert(fe.path().to_string(), fe.clone());
-                }
-                out.added_data += (after && !before) as usize;
-                out.removed_data += (before && !after) as usize;
-            } else {
-                if before {
-                    out.deletes_before.push(fe.clone());
-                }
-                if after {
-                    out.deletes_after.push(fe.clone());
-                }
-                if before != after {
-                    out.changed_deletes.push(fe);
-                }
+/// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.
+static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
+static CACHE: std::sync::OnceLock<moka::future::Cache<String, Arc<Manifest>>> = std::sync::OnceLock::new();
+
+/// Sizes the cache of parsed manifests to a sixteenth of `memory_budget`; effective only before the first manifest
+/// is read (the service and `cdc sync` call it once the configuration is loaded).
+pub fn size_manifest_cache(memory_budget: u64) {
+    CACHE_BYTES.store((memory_budget / 16).max(1 << 20), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process's parsed manifests, by path, least recently used out first. A manifest file never changes once
+/// written (a new one gets a new name), so an entry never goes stale; a poll that reads the manifests it read
+/// before — the unmerged manifests an equality delete can reach, a compaction's plan — decodes none of them again.
+fn cached() -> &'static moka::future::Cache<String, Arc<Manifest>> {
+    CACHE.get_or_init(|| {
+        moka::future::Cache::builder()
+            .weigher(|path: &String, m: &Arc<Manifest>| {
+                // an estimate of the decoded size: a file entry with its stats is a few hundred bytes
+                let entries: usize = m.entries().iter().map(|e| 384 + e.file_path().len()).sum();
+                u32::try_from(path.len() + entries).unwrap_or(u32::MAX)
+            })
+            .max_capacity(CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
+            .build()
+    })
+}
+
+/// Adds the entries of one manifest of snapshot `sid` to `out`: whether each file is live before and after `sid`.
+fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manifest: &Manifest, sid: i64) -> Result<()> {
+    let meta = table.metadata();
+    let spec_id = mf.partition_spec_id;
+    let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
+    let row_ids = crate::spec::row_lineage::first_row_ids(meta.format_version(), mf, manifest);
+    for (entry, first_row_id) in manifest.entries().iter().zip(row_ids) {
+        let seq = entry
+            .sequence_number()
+            .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
+        check_format(entry.data_file())?;
+        let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned, first_row_id });
+        let is_data = entry.content_type() == DataContentType::Data;
+        let (before, after) = match entry.status() {
+            ManifestStatus::Deleted if entry.snapshot_id() == Some(sid) => (true, false),
+            ManifestStatus::Deleted => continue, // removed by an earlier snapshot
+            ManifestStatus::Added if entry.snapshot_id() == Some(sid) => (false, true),
+            _ => (true, true),
+        };
+        if is_data {
+            if before {
+                out.data_before.insert(fe.path().to_string(), fe.clone());
+            }
+            if after {
+                out.data_after.insert(fe.path().to_string(), fe.clone());
+            }
+            out.added_data += (after && !before) as usize;
+            out.removed_data += (before && !after) as usize;
+        } else {
+            if before {
+                out.deletes_before.push(fe.clone());
+            }
+            if after {
+                out.deletes_after.push(fe.clone());
+            }
+            if before != after {
+                out.changed_deletes.push(fe);
             }
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+impl SnapshotFiles {
+    /// Data files whose live rows may differ before and after the snapshot, by path.
+    pub fn touched(&self) -> Vec<Arc<FileEntry>> {
+        let mut out: HashMap<&str, Arc<FileEntry>> = HashMap::new();
+        for (p, f) in &self.data_after {
+            if !self.data_before.contains_key(p) {
+                out.insert(p, f.clone());
+            }
+        }
+        for (p, f) in &self.data_before {
+            if !self.data_after.contains_key(p) {
+                out.insert(p, f.clone());
+            }
+        }
+        if !self.changed_deletes.is_empty() {
+            for (p, f) in &self.data_before {
+                if self.data_after.contains_key(p) && self.changed_deletes.iter().any(|d| delete_applies(d, f)) {
+                    out.insert(p, f.clone());
+                }
+            }
+        }
+        let mut v: Vec<_> = out.into_values().collect();
+        v.sort_by(|a, b| a.path().cmp(b.path()));
+        v
+    }
 }
 
 /// Refuses a file `cdc` cannot read with what it is (ORC, Avro), before anything reads it and calls it corrupt:
@@ -268,5 +434,77 @@ mod tests {
         assert!(!equality_ranges_overlap(&sdel("a", "lz"), &sdata));
         assert!(equality_ranges_overlap(&sdel("a", "m"), &sdata));
         assert!(!equality_ranges_overlap(&sdel("pa", "z"), &sdata));
+    }
+
+    /// What a changelog needs of a plan: the touched files, whether each is live before and after, and the delete
+    /// files (by path) that apply to it in each state.
+    fn needs(plan: &SnapshotFiles) -> Vec<(String, bool, bool, Vec<String>, Vec<String>)> {
+        plan.touched()
+            .iter()
+            .map(|f| {
+                let applying = |ds: &[Arc<FileEntry>]| {
+                    let mut v: Vec<String> = ds.iter().filter(|d| delete_applies(d, f)).map(|d| d.path().to_string()).collect();
+                    v.sort();
+                    v
+                };
+                let (before, after) = (plan.data_before.contains_key(f.path()), plan.data_after.contains_key(f.path()));
+                (f.path().to_string(), before, after, applying(&plan.deletes_before), applying(&plan.deletes_after))
+            })
+            .collect()
+    }
+
+    /// A history of upserts and deletes by equality deletes (one new manifest per commit, never merged) and plain
+    /// appends: for every snapshot, the changes plan holds exactly what the full plan holds for the changelog, and
+    /// an append at the end of the history reads its own manifest only, however long the history.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_changes_plan_reads_only_what_the_snapshot_can_change_and_misses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg: crate::config::CatalogConfig =
+            toml::from_str(&format!("type = \"sql\"\nwarehouse = \"{}\"\n", dir.path().join("wh").display())).unwrap();
+        let catalog = crate::catalog::Catalog::connect(&cfg, "source").await.unwrap();
+        let mut t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        for i in 0..12i64 {
+            t = crate::quickstart::commit_changes(&catalog, &t, &[(20 + i, "new", 100), (1 + i % 5, "upd", i as i128)], &[20 + i - 2]).await.unwrap();
+            if i % 4 == 3 {
+                let b = crate::quickstart::orders_batch(&t, &[(100 + i, "append", 1)]).unwrap();
+                let files = crate::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
+                let c = crate::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
+                t = catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+            }
+        }
+        let mut reads = Vec::new();
+        let mut history: Vec<_> = t.metadata().snapshots().cloned().collect();
+        history.sort_by_key(|s| s.sequence_number());
+        for snap in &history {
+            let (full, changes) = (plan(&t, snap, 2).await.unwrap(), plan_changes(&t, snap, 2).await.unwrap());
+            assert_eq!(needs(&changes), needs(&full), "snapshot {}", snap.snapshot_id());
+            assert!(!needs(&full).is_empty(), "every snapshot of this history changes rows");
+            reads.push((changes.manifests_read, full.manifests_read));
+        }
+        let (last_changes, last_full) = *reads.last().unwrap();
+        assert_eq!(last_changes, 1, "an append reads its own manifest: {reads:?}");
+        assert!(last_full > 20, "the full plan reads the whole history: {reads:?}");
+        assert!(reads.iter().all(|(c, f)| c <= f), "{reads:?}");
+    }
+
+    #[test]
+    fn a_manifest_is_read_for_a_delete_only_when_its_partition_bounds_can_hold_the_delete_partition() {
+        use iceberg::spec::{NestedField, Type};
+        let ty = StructType::new(vec![NestedField::optional(1000, "day", Type::Primitive(PrimitiveType::Int)).into()]);
+        let summary = |lo: i32, hi: i32, nulls| FieldSummary {
+            contains_null: nulls,
+            contains_nan: None,
+            lower_bound: Some(Datum::int(lo).to_bytes().unwrap()),
+            upper_bound: Some(Datum::int(hi).to_bytes().unwrap()),
+        };
+        let at = |v: Option<i32>| Struct::from_iter([v.map(Literal::int)]);
+        assert!(partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(15))));
+        assert!(partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(10))) && partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(20))));
+        assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(9))));
+        assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(21))));
+        assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(None)), "no null partition in the manifest");
+        assert!(partition_may_hold(&ty, &[summary(10, 20, true)], &at(None)));
+        let undecodable = FieldSummary { contains_null: false, contains_nan: None, lower_bound: Some(vec![1u8].into()), upper_bound: None };
+        assert!(partition_may_hold(&ty, &[undecodable], &at(Some(99))), "bounds that do not decode never rule a manifest out");
     }
 }

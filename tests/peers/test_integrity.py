@@ -182,3 +182,60 @@ def test_flipped_bytes_in_a_checksummed_page_are_refused(spark, warehouse, rest_
     restore(victim)
     run_cdc("sync", "--config", cfg)
     assert target_rows(spark, tgt, COLS) == rows_of(spark, src, COLS)
+
+
+def copy_of_file_from(spark, src, victim, name, amount_type, ddl_change, select):
+    """Writes, with Spark, a file of `src`'s format holding the rows of `victim` under a damaged schema — a table
+    `db.<name>` with `src`'s columns in `src`'s order (so the same field ids), `amount` of `amount_type`, then
+    `ddl_change`, filled by `select` over `victim`'s rows — and puts it in `victim`'s place (the original kept)."""
+    wrong = f"{CAT}.db.{name}"
+    fmt = spark.sql(f"SHOW TBLPROPERTIES {src} ('write.format.default')").collect()[0].value
+    spark.sql(f"DROP TABLE IF EXISTS {wrong}")
+    spark.sql(
+        f"CREATE TABLE {wrong} (id BIGINT, name STRING, amount {amount_type}, ts TIMESTAMP, cat STRING) USING iceberg "
+        f"TBLPROPERTIES ({table_props(2, 'merge-on-read', fmt)})"
+    )
+    for stmt in ddl_change(wrong):
+        spark.sql(stmt)
+    spark.sql(f"INSERT INTO {wrong} SELECT {select} FROM {src} WHERE _file LIKE '%{os.path.basename(victim)}'")
+    written = data_files(spark, wrong)
+    assert len(written) == 1, written
+    shutil.copy(victim, victim + ".orig")
+    shutil.copy(written[0], victim)
+
+
+@pytest.mark.parametrize("fmt,partitioned", [("orc", False), ("avro", True)])
+def test_orc_and_avro_files_that_do_not_match_their_table_are_refused(spark, warehouse, rest_catalog, sql_target, tmp_path, fmt, partitioned):
+    """The same rules for Iceberg's other file formats, on files Spark wrote with field ids: a decimal column stored as
+    text under its own field id (a type change Iceberg does not allow), then a file without the required key column."""
+    name = f"dmg_{fmt}"
+    src = f"{CAT}.db.{name}"
+    spark.sql(f"DROP TABLE IF EXISTS {src}")
+    spark.sql(
+        f"CREATE TABLE {src} (id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), ts TIMESTAMP, cat STRING) USING iceberg "
+        f"{'PARTITIONED BY (bucket(2, id))' if partitioned else ''} TBLPROPERTIES ({table_props(2, 'merge-on-read', fmt)})"
+    )
+    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO {src} VALUES {rows(0, 200)}")
+    spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id % 10 = 0")
+    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
+    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    victim = [f for f in data_files(spark, src) if f.endswith("." + fmt)][0]
+
+    copy_of_file_from(spark, src, victim, f"{name}_as_text", "STRING", lambda t: [], "id, name, CAST(amount AS STRING), ts, cat")
+    p = run_cdc("changes", "--config", cfg, check=False)
+    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr, p.stderr
+    assert "`amount`" in p.stderr and "decimal" in p.stderr.lower(), p.stderr
+    assert p.stdout == "", "no row of a refused file is emitted"
+    sync_refused(cfg, victim, "`amount`", [])
+    assert all("metadata" in f for f in target_files(warehouse, f"dmg.{name}")), "nothing of the refused commit is left behind"
+    restore(victim)
+
+    copy_of_file_from(spark, src, victim, f"{name}_no_key", "DECIMAL(10,2)", lambda t: [f"ALTER TABLE {t} DROP COLUMN id"],
+                      "name, amount, ts, cat")
+    p = run_cdc("changes", "--config", cfg, check=False)
+    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr and "`id`" in p.stderr, p.stderr
+    sync_refused(cfg, victim, "`id`", [])
+    restore(victim)
+    run_cdc("sync", "--config", cfg)
+    assert target_rows(spark, tgt, COLS) == rows_of(spark, src, COLS)

@@ -202,8 +202,12 @@ impl GlueCatalog {
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let kind =
             body.get("__type").and_then(Value::as_str).map(|t| t.rsplit('#').next().unwrap_or(t).to_string()).unwrap_or_else(|| status.to_string());
-        let message =
-            body.get("message").or_else(|| body.get("Message")).and_then(Value::as_str).unwrap_or(text.as_str()).chars().take(500).collect();
+        let message = body.get("message").or_else(|| body.get("Message")).and_then(Value::as_str).unwrap_or(text.as_str());
+        // a server or proxy may echo the request: none of the credentials may reach a message (redacted before it is
+        // shortened, so that no prefix of one is left either)
+        let c = &self.credentials;
+        let message = crate::redact::redact(message, [c.secret_access_key.as_str(), c.access_key_id.as_str()].into_iter().chain(c.session_token.as_deref()));
+        let message = message.chars().take(500).collect();
         let throttled = kind.contains("Throttling") || status.as_u16() == 429;
         Err(CallError { maybe_applied: status.is_server_error(), retryable: throttled || status.is_server_error(), kind, message })
     }
@@ -430,6 +434,55 @@ mod tests {
         assert_eq!((p["owner-note"].as_str(), p.get("gone"), p["lake_formation"].as_str()), (Some("y"), None, Some("keep")));
         assert_eq!(input["StorageDescriptor"]["Columns"], json!([{"Name": "id", "Type": "bigint"}]));
         assert_eq!(input["StorageDescriptor"]["SerdeInfo"]["SerializationLibrary"], "x");
+    }
+
+    /// A server that answers every request with a Glue error whose message echoes the request, headers included.
+    fn echoing_server() -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                let mut echoed = String::new();
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                    if h.to_ascii_lowercase().contains("token") || h.to_ascii_lowercase().starts_with("authorization") {
+                        echoed.push_str(&h);
+                    }
+                }
+                let body = json!({"__type": "com.amazonaws#ValidationException", "message": format!("bad request: {echoed} secret=S3cr3tK3yValue")});
+                let body = body.to_string();
+                let _ = write!(w, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn an_error_body_that_echoes_the_request_loses_every_credential() {
+        let props: BTreeMap<String, String> = [
+            (keys::REGION, "eu-west-1"),
+            (keys::ENDPOINT, echoing_server().as_str()),
+            (keys::ACCESS_KEY_ID, "AKIAEXAMPLEKEYID"),
+            (keys::SECRET_ACCESS_KEY, "S3cr3tK3yValue"),
+            (keys::SESSION_TOKEN, "FwoGZXIvYXdzSESSIONTOKEN"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let glue = GlueCatalog::new(&props, None, CdcStorageFactory::default()).unwrap();
+        let e = glue.send("GetTable", b"{}").await.unwrap_err();
+        assert_eq!(e.kind, "ValidationException");
+        assert!(e.message.contains("x-amz-security-token") && e.message.contains("Credential="), "the echo is shown: {e}");
+        for secret in ["S3cr3tK3yValue", "FwoGZXIvYXdzSESSIONTOKEN", "AKIAEXAMPLEKEYID"] {
+            assert!(!e.message.contains(secret), "{secret} leaked: {e}");
+        }
     }
 
     #[test]

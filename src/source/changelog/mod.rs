@@ -85,6 +85,8 @@ impl ScanOptions {
 pub struct SnapshotStats {
     pub snapshot_id: i64,
     pub operation: String,
+    /// Manifests read to plan the snapshot.
+    pub manifests_read: u64,
     pub files_read: u64,
     pub rows_read: u64,
     pub bytes_read: u64,
@@ -303,10 +305,11 @@ impl<'a> ChangelogScan<'a> {
             })
             .collect::<Result<Vec<_>>>()?;
 
-        let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
+        let plan = files::plan_changes(self.table, snapshot, self.opts.concurrency).await?;
         let live: HashSet<&str> = plan.deletes_before.iter().chain(&plan.deletes_after).map(|d| d.path()).collect();
         self.cache.retain(&live);
-        let touched = touched_files(&plan);
+        let touched = plan.touched();
+        stats.manifests_read = plan.manifests_read as u64;
 
         let jobs: Vec<FileJob> = touched
             .into_iter()
@@ -769,7 +772,8 @@ impl ChangelogScan<'_> {
             ordinal: 0,
         };
         let mut inserts = Inserts { sink, schema: self.out_schema.clone(), commit };
-        self.scan_live(snapshot, &plan, None, false, &mut inserts).await
+        let stats = self.scan_live(snapshot, &plan, None, false, &mut inserts).await?;
+        Ok(SnapshotStats { manifests_read: plan.manifests_read as u64, ..stats })
     }
 
     /// The live rows of the data files named in `only` (all of them when `None`) of `snapshot`, whose files `plan`
@@ -878,31 +882,6 @@ fn carry_over_groups(jobs: &[FileJob]) -> Vec<Vec<FileJob>> {
     let mut out: Vec<Vec<FileJob>> = groups.into_values().collect();
     out.sort_by(|a, b| a[0].file.path().cmp(b[0].file.path()));
     out
-}
-
-/// Data files whose live rows may differ before and after the snapshot.
-fn touched_files(plan: &files::SnapshotFiles) -> Vec<Arc<FileEntry>> {
-    let mut out: HashMap<&str, Arc<FileEntry>> = HashMap::new();
-    for (p, f) in &plan.data_after {
-        if !plan.data_before.contains_key(p) {
-            out.insert(p, f.clone());
-        }
-    }
-    for (p, f) in &plan.data_before {
-        if !plan.data_after.contains_key(p) {
-            out.insert(p, f.clone());
-        }
-    }
-    if !plan.changed_deletes.is_empty() {
-        for (p, f) in &plan.data_before {
-            if plan.data_after.contains_key(p) && plan.changed_deletes.iter().any(|d| files::delete_applies(d, f)) {
-                out.insert(p, f.clone());
-            }
-        }
-    }
-    let mut v: Vec<_> = out.into_values().collect();
-    v.sort_by(|a, b| a.path().cmp(b.path()));
-    v
 }
 
 #[cfg(test)]
