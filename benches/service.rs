@@ -309,7 +309,9 @@ fn builds_of(baseline: Option<&str>) -> Vec<(&'static str, String)> {
 /// `rate` times a second while a service (poll 250 ms) follows into a new target, so the writer costs the
 /// service's cores nothing. Reported per build: CPU per target commit, target commits, latency P50/P99.
 async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, builds: &[(&str, String)]) {
-    println!("### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted)\n");
+    println!(
+        "### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted)\n"
+    );
     println!("| history (snapshots) | build | target commits | CPU ms per target commit | service CPU % | latency P50 s | P99 s | max s |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &history in histories {

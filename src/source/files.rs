@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use iceberg::spec::{
-    DataContentType, DataFile, Datum, FieldSummary, Literal, Manifest, ManifestContentType, ManifestFile, ManifestStatus, PrimitiveType,
-    SnapshotRef, Struct, StructType,
+    DataContentType, DataFile, Datum, FieldSummary, Literal, Manifest, ManifestContentType, ManifestFile, ManifestStatus, PrimitiveType, SnapshotRef,
+    Struct, StructType,
 };
 use iceberg::table::Table;
 
@@ -65,8 +65,7 @@ pub struct SnapshotFiles {
 /// Every file of `snapshot`: all its manifests read (a compaction, a bootstrap copy, a target's position lookups).
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let list = manifest_list(table, snapshot).await?;
-    let mut out = SnapshotFiles::default();
-    out.manifests_read = list.len();
+    let mut out = SnapshotFiles { manifests_read: list.len(), ..Default::default() };
     for (mf, manifest) in load(table, list, concurrency).await? {
         add_entries(&mut out, table, &mf, &manifest, snapshot.snapshot_id())?;
     }
@@ -122,9 +121,14 @@ fn summary_agrees(snapshot: &SnapshotRef, out: &SnapshotFiles) -> bool {
     let count = |k: &str| props.get(k).and_then(|v| v.parse::<usize>().ok());
     let added_deletes = out.changed_deletes.iter().filter(|d| out.deletes_after.iter().any(|a| Arc::ptr_eq(a, d))).count();
     let removed_deletes = out.changed_deletes.len() - added_deletes;
-    [("added-data-files", out.added_data), ("deleted-data-files", out.removed_data), ("added-delete-files", added_deletes), ("removed-delete-files", removed_deletes)]
-        .into_iter()
-        .all(|(k, n)| count(k).is_none_or(|c| c == n))
+    [
+        ("added-data-files", out.added_data),
+        ("deleted-data-files", out.removed_data),
+        ("added-delete-files", added_deletes),
+        ("removed-delete-files", removed_deletes),
+    ]
+    .into_iter()
+    .all(|(k, n)| count(k).is_none_or(|c| c == n))
 }
 
 /// Whether data manifest `mf` can hold a file that delete file `d` applies to, judged by the partition bounds the
@@ -438,7 +442,10 @@ mod tests {
 
     /// What a changelog needs of a plan: the touched files, whether each is live before and after, and the delete
     /// files (by path) that apply to it in each state.
-    fn needs(plan: &SnapshotFiles) -> Vec<(String, bool, bool, Vec<String>, Vec<String>)> {
+    /// A touched file's path, whether it is live before and after, and the deletes applying before and after.
+    type Need = (String, bool, bool, Vec<String>, Vec<String>);
+
+    fn needs(plan: &SnapshotFiles) -> Vec<Need> {
         plan.touched()
             .iter()
             .map(|f| {
@@ -499,7 +506,9 @@ mod tests {
         };
         let at = |v: Option<i32>| Struct::from_iter([v.map(Literal::int)]);
         assert!(partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(15))));
-        assert!(partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(10))) && partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(20))));
+        assert!(
+            partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(10))) && partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(20)))
+        );
         assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(9))));
         assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(Some(21))));
         assert!(!partition_may_hold(&ty, &[summary(10, 20, false)], &at(None)), "no null partition in the manifest");

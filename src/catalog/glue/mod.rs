@@ -206,7 +206,8 @@ impl GlueCatalog {
         // a server or proxy may echo the request: none of the credentials may reach a message (redacted before it is
         // shortened, so that no prefix of one is left either)
         let c = &self.credentials;
-        let message = crate::redact::redact(message, [c.secret_access_key.as_str(), c.access_key_id.as_str()].into_iter().chain(c.session_token.as_deref()));
+        let message =
+            crate::redact::redact(message, [c.secret_access_key.as_str(), c.access_key_id.as_str()].into_iter().chain(c.session_token.as_deref()));
         let message = message.chars().take(500).collect();
         let throttled = kind.contains("Throttling") || status.as_u16() == 429;
         Err(CallError { maybe_applied: status.is_server_error(), retryable: throttled || status.is_server_error(), kind, message })

@@ -295,16 +295,30 @@ impl CommitWriter {
         self.positions.retain(|_, (bm, _)| !bm.is_empty());
         let positional = if self.positions.is_empty() { Vec::new() } else { self.position_delete_files().await? };
         let replaced_deletes_of = self.deleted_before.keys().map(|p| p.to_string()).collect();
+        let io = self.table.file_io().clone();
         let CommitWriter { data, eq, mut stats, .. } = self;
         stats.files_closed_early = data.evicted();
-        let data = data.finish().await?;
-        let mut deletes: Vec<(i32, DataFile)> = match eq.and_then(|e| e.writer) {
-            Some(eq) => {
-                stats.files_closed_early += eq.evicted();
-                let spec = eq.spec_id();
-                eq.finish().await?.into_iter().map(|f| (spec, f)).collect()
+        let closed = async {
+            let data = data.finish().await?;
+            let deletes: Vec<(i32, DataFile)> = match eq.and_then(|e| e.writer) {
+                Some(eq) => {
+                    stats.files_closed_early += eq.evicted();
+                    let spec = eq.spec_id();
+                    eq.finish().await?.into_iter().map(|f| (spec, f)).collect()
+                }
+                None => Vec::new(),
+            };
+            Ok::<_, Error>((data, deletes))
+        }
+        .await;
+        let (data, mut deletes) = match closed {
+            Ok(v) => v,
+            Err(e) => {
+                // the position deletes are written already; the data and equality-delete files were opened
+                // (`finish` removes those)
+                remove_unreferenced(&io, positional.iter().map(|(_, f)| f.file_path().to_string()).collect()).await;
+                return Err(e);
             }
-            None => Vec::new(),
         };
         deletes.extend(positional);
         if stats.files_closed_early > 0 {
@@ -373,8 +387,14 @@ impl CommitWriter {
                 })
                 .collect();
             let path = location(None, &name("dv", "puffin"))?;
-            let files = deletes::write_dv_file(&io, &path, &vectors).await?;
-            out.extend(vectors.iter().map(|(_, p, _)| p.spec_id).zip(files));
+            match deletes::write_dv_file(&io, &path, &vectors).await {
+                Ok(files) => out.extend(vectors.iter().map(|(_, p, _)| p.spec_id).zip(files)),
+                Err(e) => {
+                    // what part of the file a failed write (a full disk) left
+                    remove_unreferenced(&io, vec![path]).await;
+                    return Err(e);
+                }
+            }
         } else {
             let mut by_part: HashMap<(i32, Struct), BTreeMap<String, RoaringTreemap>> = HashMap::new();
             for (path, (bm, part)) in &self.positions {
@@ -383,7 +403,15 @@ impl CommitWriter {
             for ((spec_id, value), files) in by_part {
                 let part = Partition { spec_id, value };
                 let path = location(Some(&part), &name("pos-deletes", "parquet"))?;
-                out.push((part.spec_id, deletes::write_position_delete_file(&io, &path, &part, &files).await?));
+                match deletes::write_position_delete_file(&io, &path, &part, &files).await {
+                    Ok(f) => out.push((part.spec_id, f)),
+                    Err(e) => {
+                        // the files of this commit's other partitions, and what part of this one a failed write left
+                        let written = out.iter().map(|(_, f)| f.file_path().to_string()).chain([path]).collect();
+                        remove_unreferenced(&io, written).await;
+                        return Err(e);
+                    }
+                }
             }
         }
         Ok(out)

@@ -45,15 +45,16 @@ pub async fn write_position_delete_file(
 ) -> Result<DataFile> {
     let schema = Arc::new(position_delete_schema()?);
     let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
-    let mut w = ParquetWriterBuilder::new(WriterProperties::builder().build(), schema).build(file_io.new_output(path)?).await?;
+    let io = |e| super::files::io_error(path, e);
+    let mut w = ParquetWriterBuilder::new(WriterProperties::builder().build(), schema).build(file_io.new_output(path)?).await.map_err(io)?;
     for (file, positions) in deletes {
         let pos: Vec<i64> = positions.iter().map(|p| p as i64).collect();
         for chunk in pos.chunks(64 * 1024) {
             let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec![file.as_str(); chunk.len()])), Arc::new(Int64Array::from(chunk.to_vec()))];
-            w.write(&RecordBatch::try_new(arrow.clone(), cols)?).await?;
+            w.write(&RecordBatch::try_new(arrow.clone(), cols)?).await.map_err(io)?;
         }
     }
-    let mut built = w.close().await?;
+    let mut built = w.close().await.map_err(io)?;
     let mut b = built.pop().ok_or_else(|| Error::Internal("position-delete writer produced no file".into()))?;
     b.content(DataContentType::PositionDeletes).partition_spec_id(partition.spec_id).partition(partition.value.clone());
     if deletes.len() == 1 {
@@ -90,7 +91,7 @@ pub async fn write_dv_file(file_io: &FileIO, path: &str, vectors: &[(String, Par
     bytes.extend_from_slice(&[0, 0, 0, 0]); // flags: footer not compressed
     bytes.extend_from_slice(&PUFFIN_MAGIC);
     let size = bytes.len() as u64;
-    file_io.new_output(path)?.write(bytes.into()).await?;
+    file_io.new_output(path)?.write(bytes.into()).await.map_err(|e| super::files::io_error(path, e))?;
     vectors
         .iter()
         .zip(placed)

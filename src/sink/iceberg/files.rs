@@ -337,7 +337,7 @@ pub(crate) async fn remove_unreferenced(io: &iceberg::io::FileIO, paths: Vec<Str
 /// A failed write names its file; I/O failures (disk full, permissions) keep the I/O exit code. An `io::Error` in
 /// the source chain decides; iceberg-rust 0.10.1's local FileIO flattens it into text ("… (os error 28)"), so for
 /// that one the OS error marker in the message is all there is to read.
-fn io_error(path: &str, e: iceberg::Error) -> Error {
+pub(crate) fn io_error(path: &str, e: iceberg::Error) -> Error {
     let message = error_chain(&e);
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     let mut io = false;
