@@ -379,7 +379,7 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             let target_commits = target.metadata().snapshots().count().saturating_sub(target_before).max(1);
             let source = catalog.load_table(quickstart::TABLE).await.unwrap();
             let lineage = iceberg_cdc::spec::lineage::main_lineage(source.metadata());
-            let mut lat = latencies(lineage.iter().skip(history).copied(), &target);
+            let mut lat = latencies(lineage.iter().skip(history), &target);
             lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let cpu = (c1 - c0) as f64 / hz;
             println!(
