@@ -177,17 +177,22 @@ async fn load(table: &Table, manifests: Vec<ManifestFile>, concurrency: usize) -
     futures::stream::iter(manifests.into_iter().map(|mf| {
         let file_io = file_io.clone();
         async move {
-            let path = mf.manifest_path.clone();
-            let m = cached()
-                .try_get_with(path.clone(), async { mf.load_manifest(&file_io).await.map(Arc::new) })
-                .await
-                .map_err(|e| Error::data(path, e.to_string()))?;
+            let m = manifest(&file_io, &mf).await?;
             Ok::<_, Error>((mf, m))
         }
     }))
     .buffer_unordered(concurrency.max(1))
     .try_collect()
     .await
+}
+
+/// The parsed manifest `mf` names, from the process's cache ([`cached`]) or read and parsed once.
+pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -> Result<Arc<Manifest>> {
+    let path = mf.manifest_path.clone();
+    cached()
+        .try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) })
+        .await
+        .map_err(|e| Error::data(path, e.to_string()))
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.

@@ -210,7 +210,7 @@ pub(crate) async fn live_files_of(table: &Table, snapshots: &[SnapshotRef]) -> R
 async fn live_files(table: &Table, manifests: Vec<iceberg::spec::ManifestFile>) -> Result<HashSet<String>> {
     let mut out = HashSet::new();
     for m in manifests {
-        let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e))?;
+        let manifest = crate::source::files::manifest(table.file_io(), &m).await?;
         out.extend(manifest.entries().iter().filter(|e| e.is_alive()).map(|e| e.file_path().to_string()));
     }
     Ok(out)

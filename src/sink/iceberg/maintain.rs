@@ -267,7 +267,7 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
                 continue;
             }
             out.insert(normalize(&m.manifest_path));
-            let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e.to_string()).with_cause(e))?;
+            let manifest = crate::source::files::manifest(table.file_io(), m).await?;
             out.extend(manifest.entries().iter().map(|e| normalize(e.file_path())));
         }
     }

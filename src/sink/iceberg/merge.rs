@@ -186,7 +186,7 @@ async fn merge_bin(
 ) -> Result<ManifestFile> {
     let (mut w, _) = manifest_writer(table, schema, snapshot_id, content, spec_id, path)?;
     for f in files {
-        let manifest = f.load_manifest(table.file_io()).await?;
+        let manifest = crate::source::files::manifest(table.file_io(), f).await?;
         for (e, file) in row_lineage::live_entries(table.metadata().format_version(), f, &manifest)? {
             let (Some(snapshot), Some(seq)) = (e.snapshot_id, e.sequence_number) else {
                 return Err(Error::data(&f.manifest_path, "a live entry without snapshot id or sequence number after inheritance"));

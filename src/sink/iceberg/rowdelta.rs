@@ -355,7 +355,7 @@ async fn remove_entries(
     // paths, not entries: a Puffin file holds the deletion vectors of many data files, each an entry of its own
     let mut found = std::collections::HashSet::new();
     for m in manifests {
-        let manifest = m.load_manifest(table.file_io()).await.map_err(|e| Error::data(m.manifest_path.clone(), e.to_string()).with_cause(e))?;
+        let manifest = crate::source::files::manifest(table.file_io(), &m).await?;
         if !manifest.entries().iter().any(|e| e.is_alive() && remove.matches(&e.data_file)) {
             kept.push(m);
             continue;
