@@ -144,18 +144,24 @@ async fn hadoop_table(wh: &Path, name: &str) -> Option<iceberg::table::Table> {
 /// Seconds from each source snapshot in `commits` to the first snapshot of `target` whose recorded source sequence
 /// number reaches it (commits not applied yet are left out).
 fn latencies<'a>(commits: impl IntoIterator<Item = &'a iceberg::spec::SnapshotRef>, target: &iceberg::table::Table) -> Vec<f64> {
+    latencies_from(commits.into_iter().map(|s| (s.sequence_number(), s.timestamp_ms())), target)
+}
+
+/// Seconds from each (source sequence number, time it became visible in ms) to the first snapshot of `target` whose
+/// recorded source sequence number reaches it.
+fn latencies_from(commits: impl IntoIterator<Item = (i64, i64)>, target: &iceberg::table::Table) -> Vec<f64> {
     let target_lineage = iceberg_cdc::spec::lineage::main_lineage(target.metadata());
     commits
         .into_iter()
-        .filter_map(|s| {
+        .filter_map(|(sequence_number, visible_ms)| {
             let hit = target_lineage.iter().find(|t| {
                 t.summary()
                     .additional_properties
                     .get(iceberg_cdc::sink::iceberg::progress::SOURCE_SEQUENCE_NUMBER)
                     .and_then(|v| v.parse::<i64>().ok())
-                    .is_some_and(|seq| seq >= s.sequence_number())
+                    .is_some_and(|seq| seq >= sequence_number)
             })?;
-            Some((hit.timestamp_ms() - s.timestamp_ms()) as f64 / 1000.0)
+            Some((hit.timestamp_ms() - visible_ms) as f64 / 1000.0)
         })
         .collect()
 }
@@ -190,8 +196,18 @@ async fn main() {
     let idle_poll = arg("--idle-poll", 1);
     let idle_seconds = arg("--idle-seconds", 30);
     let baseline = text_arg("--baseline");
-    let dir = tempfile::tempdir().unwrap();
-    let qs = dir.path().join("qs");
+    let tmp = tempfile::tempdir().unwrap();
+    // --keep: leave the tables behind (to profile `cdc` on them alone)
+    let (_guard, root) = if args.iter().any(|a| a == "--keep") {
+        let kept = tmp.keep();
+        eprintln!("bench: keeping {}", kept.display());
+        (None, kept)
+    } else {
+        let root = tmp.path().to_path_buf();
+        (Some(tmp), root)
+    };
+    let dir = root.as_path();
+    let qs = dir.join("qs");
     let out = Command::new(CDC).args(["quickstart", "--changes-only", "--dir", qs.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let wh = qs.join("warehouse");
@@ -200,8 +216,8 @@ async fn main() {
     let mut table = catalog.load_table(quickstart::TABLE).await.unwrap();
 
     // --- latency
-    let tw = dir.path().join("replica");
-    let cfg = dir.path().join("latency.toml");
+    let tw = dir.join("replica");
+    let cfg = dir.join("latency.toml");
     std::fs::write(&cfg, service_toml(&wh, &tw, 1, 1)).unwrap();
     let child = spawn(CDC, &cfg);
     let uuid = table.metadata().uuid().to_string();
@@ -254,8 +270,8 @@ async fn main() {
     let builds = builds_of(baseline.as_deref());
     for &n in idle_counts.iter().filter(|&&n| n > 0) {
         for (label, cdc) in &builds {
-            let tw = dir.path().join(format!("idle-{label}-{n}"));
-            let cfg = dir.path().join(format!("idle-{label}-{n}.toml"));
+            let tw = dir.join(format!("idle-{label}-{n}"));
+            let cfg = dir.join(format!("idle-{label}-{n}.toml"));
             std::fs::write(&cfg, service_toml(&wh, &tw, n, idle_poll)).unwrap();
             let child = spawn(cdc, &cfg);
             let wait = Instant::now();
@@ -286,7 +302,7 @@ async fn main() {
         let histories: Vec<usize> = histories.split(',').map(|n| n.trim().parse().expect("--history N[,N…]")).collect();
         let rate = arg("--rate", 4);
         let commits = arg("--commits", 100) as usize;
-        history_bench(dir.path(), &histories, rate, commits, &builds_of(baseline.as_deref())).await;
+        history_bench(dir, &histories, rate, commits, &builds_of(baseline.as_deref())).await;
     }
 
     if let Some(mixed) = text_arg("--mixed") {
@@ -294,7 +310,7 @@ async fn main() {
         let seconds = arg("--mixed-seconds", 60);
         let scrape_every = Duration::from_secs(arg("--scrape-every", 2).max(1));
         let busy_apart = arg("--busy-apart", 0) == 1;
-        mixed_bench(dir.path(), &wh, &table, (idle_n, busy_n, busy_apart), idle_poll, seconds, scrape_every).await;
+        mixed_bench(dir, &wh, &table, (idle_n, busy_n, busy_apart), idle_poll, seconds, scrape_every).await;
     }
 }
 
@@ -366,8 +382,10 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             let pid = child.id();
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
             let (c0, w0) = (cpu_ticks(pid), Instant::now());
+            let mut visible = Vec::new();
             for (i, loc) in locations[history..].iter().enumerate() {
                 point(loc);
+                visible.push(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64);
                 let due = Duration::from_secs_f64((i + 1) as f64 / rate as f64);
                 tokio::time::sleep(due.saturating_sub(w0.elapsed())).await;
             }
@@ -379,7 +397,8 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             let target_commits = target.metadata().snapshots().count().saturating_sub(target_before).max(1);
             let source = catalog.load_table(quickstart::TABLE).await.unwrap();
             let lineage = iceberg_cdc::spec::lineage::main_lineage(source.metadata());
-            let mut lat = latencies(lineage.iter().skip(history), &target);
+            // from the moment the pointer moved (the snapshots were written up front)
+            let mut lat = latencies_from(lineage.iter().skip(history).map(|s| s.sequence_number()).zip(visible), &target);
             lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
             let cpu = (c1 - c0) as f64 / hz;
             println!(

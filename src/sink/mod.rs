@@ -1,5 +1,5 @@
 //! The write side: destinations of change rows. Each implements [`Sink`], which the runner in `pipeline` drives the
-//! same way for every destination — `cdc sync`, the service, and (next) the Kafka republisher:
+//! same way for every destination (the Iceberg applier, the Kafka republisher), in `cdc sync` and in the service:
 //!
 //! 1. [`Sink::recorded`]: the source snapshot the sink's own recorded progress is at;
 //! 2. [`Sink::prepare`]: create what is missing (a target table from the schema the sync starts from);

@@ -189,10 +189,7 @@ async fn load(table: &Table, manifests: Vec<ManifestFile>, concurrency: usize) -
 /// The parsed manifest `mf` names, from the process's cache ([`cached`]) or read and parsed once.
 pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -> Result<Arc<Manifest>> {
     let path = mf.manifest_path.clone();
-    cached()
-        .try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) })
-        .await
-        .map_err(|e| Error::data(path, e.to_string()))
+    cached().try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) }).await.map_err(|e| Error::data(path, e.to_string()))
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.
@@ -291,8 +288,9 @@ impl SnapshotFiles {
     }
 }
 
-/// Refuses a file `cdc` cannot read with what it is (ORC, Avro), before anything reads it and calls it corrupt:
-/// Parquet data and delete files, and deletion vectors in Puffin files, are read.
+/// Refuses a file `cdc` cannot read, naming its format and content, before anything reads it and calls it corrupt:
+/// Parquet, ORC and Avro data and delete files, and deletion vectors in Puffin files, are read; anything else
+/// (a Puffin file given as equality deletes, a format this build does not know) is not.
 fn check_format(f: &DataFile) -> Result<()> {
     use iceberg::spec::DataFileFormat;
     match (f.file_format(), f.content_type()) {
