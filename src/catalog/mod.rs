@@ -80,6 +80,8 @@ fn strip_file_scheme(p: &str) -> String {
 impl Catalog {
     /// `label` names the catalog in messages ("source", "target").
     pub async fn connect(cfg: &CatalogConfig, label: &str) -> Result<Catalog> {
+        // every table's manifests are read through a catalog: bound the Avro decoder before the first
+        crate::spec::bound_avro_allocations();
         let warehouse = cfg.warehouse.clone().unwrap_or_default();
         match cfg.kind {
             CatalogType::Hadoop => Ok(Catalog::Hadoop(HadoopCatalog::new(strip_file_scheme(&warehouse), local_file_io()))),

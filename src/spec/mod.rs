@@ -11,6 +11,19 @@ pub(crate) mod projection;
 pub(crate) mod row_lineage;
 pub(crate) mod rowenc;
 
+/// The most one Avro read may allocate for one value or reserve for one array or map (16 MiB): the blocks of
+/// manifests and manifest lists are 16–64 KB, their strings paths and bounds.
+const AVRO_MAX_ALLOCATION: usize = 16 << 20;
+
+/// Bounds what the Avro decoder (manifests, manifest lists) allocates for a length it reads from the file, before
+/// any is read. The decoder's own default (512 MiB) checks an array's or map's element *count*, not its bytes, so
+/// a damaged count of a few hundred million reserved tens of GB and aborted the process (found by
+/// `parser_props`); at 16 Mi elements a reservation stays a virtual-memory figure the allocator grants, and the
+/// damaged file ends in a typed error when its bytes run out. Idempotent; the first call in the process counts.
+pub fn bound_avro_allocations() {
+    apache_avro::util::max_allocation_bytes(AVRO_MAX_ALLOCATION);
+}
+
 /// Reserved field ids of position-delete files (Iceberg spec): `file_path` and `pos`.
 pub const POS_DELETE_FILE_PATH_ID: i32 = 2147483546;
 /// See [`POS_DELETE_FILE_PATH_ID`].

@@ -76,6 +76,7 @@ proptest! {
     #[test]
     fn manifest_lists_and_manifests_parse_or_refuse(tail in prop::collection::vec(any::<u8>(), 0..512), e in edits()) {
         // Avro object container files: the magic, then arbitrary (or mutated) header and blocks
+        super::bound_avro_allocations();
         let mut bytes = b"Obj\x01".to_vec();
         bytes.extend_from_slice(&tail);
         let bytes = mutate(&bytes, &e);
@@ -103,6 +104,31 @@ proptest! {
         let _ = crate::catalog::rest::parse_load_response(&mutate(load.as_bytes(), &e));
         let _ = crate::catalog::rest::server_message(&body);
         let _ = crate::catalog::rest::server_message(&String::from_utf8_lossy(&mutate(br#"{"error":{"message":"m","type":"T","code":409}}"#, &e)));
+    }
+}
+
+/// An Avro header whose metadata map claims 400 million entries (what a mutated manifest once held): the decoder
+/// used to reserve ~87 GB for it and abort the process; bounded, the damaged file is a typed error.
+#[test]
+fn an_avro_header_claiming_a_huge_map_is_an_error_not_an_abort() {
+    super::bound_avro_allocations();
+    let zigzag = |n: i64, out: &mut Vec<u8>| {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    };
+    for count in [400_000_000i64, 16_000_000, -400_000_000] {
+        let mut bytes = b"Obj\x01".to_vec();
+        zigzag(count, &mut bytes);
+        if count < 0 {
+            zigzag(8, &mut bytes); // a negative count is followed by the block's byte size
+        }
+        bytes.extend_from_slice(b"\x08avro");
+        assert!(iceberg::spec::Manifest::parse_avro(&bytes).is_err(), "{count}");
+        assert!(iceberg::spec::ManifestList::parse_with_version(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
     }
 }
 

@@ -23,13 +23,13 @@ def local(path):
     return path[len("file:"):] if path.startswith("file:") else path
 
 
-def make_source(spark, name, partitioned=False):
+def make_source(spark, name, partitioned=False, fmt=None):
     t = f"{CAT}.db.{name}"
     part = "PARTITIONED BY (bucket(2, id))" if partitioned else ""
     spark.sql(f"DROP TABLE IF EXISTS {t}")
     spark.sql(
         f"CREATE TABLE {t} (id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), ts TIMESTAMP, cat STRING) USING iceberg {part} "
-        f"TBLPROPERTIES ({table_props(2, 'merge-on-read')})"
+        f"TBLPROPERTIES ({table_props(2, 'merge-on-read', fmt)})"
     )
     spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
     spark.sql(f"INSERT INTO {t} VALUES {rows(0, 200)}")
@@ -37,9 +37,10 @@ def make_source(spark, name, partitioned=False):
     return t
 
 
-def damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name, partitioned=False):
-    """A fresh Spark source `db.<name>`, its hadoop target `dmg.<name>` (Spark name) and the config syncing them."""
-    src = make_source(spark, name, partitioned)
+def damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name, partitioned=False, fmt=None):
+    """A fresh Spark source `db.<name>` (files in `fmt`, default Parquet), its hadoop target `dmg.<name>` (Spark
+    name) and the config syncing them."""
+    src = make_source(spark, name, partitioned, fmt)
     section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
     return src, tgt, write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
 
@@ -77,6 +78,15 @@ def sync_refused(cfg, path, needle, target_files_before):
     p = run_cdc("sync", "--config", cfg, check=False)
     assert p.returncode == EXIT_DATA, p.stderr
     assert os.path.basename(path) in p.stderr and needle in p.stderr, p.stderr
+    return p
+
+
+def refused(cfg, victim, column):
+    """`cdc changes` and `cdc sync` both refuse the damaged `victim`: exit 8 naming it and `column`, no row out."""
+    p = run_cdc("changes", "--config", cfg, check=False)
+    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr and column in p.stderr, p.stderr
+    assert p.stdout == "", "no row of a refused file is emitted"
+    sync_refused(cfg, victim, column, [])
     return p
 
 
@@ -120,9 +130,7 @@ def test_a_data_file_without_its_required_key_column_is_refused(spark, warehouse
     victim = data_files(spark, src)[0]
     rewrite_parquet(victim, lambda t: t.drop(["id"]))
     keep(victim, "required_column_missing.parquet")
-    p = run_cdc("changes", "--config", cfg, check=False)
-    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr and "`id`" in p.stderr, p.stderr
-    sync_refused(cfg, victim, "`id`", [])
+    refused(cfg, victim, "`id`")
     restore(victim)
     run_cdc("sync", "--config", cfg)
     assert target_rows(spark, tgt, COLS) == rows_of(spark, src, COLS)
@@ -209,33 +217,18 @@ def test_orc_and_avro_files_that_do_not_match_their_table_are_refused(spark, war
     """The same rules for Iceberg's other file formats, on files Spark wrote with field ids: a decimal column stored as
     text under its own field id (a type change Iceberg does not allow), then a file without the required key column."""
     name = f"dmg_{fmt}"
-    src = f"{CAT}.db.{name}"
-    spark.sql(f"DROP TABLE IF EXISTS {src}")
-    spark.sql(
-        f"CREATE TABLE {src} (id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), ts TIMESTAMP, cat STRING) USING iceberg "
-        f"{'PARTITIONED BY (bucket(2, id))' if partitioned else ''} TBLPROPERTIES ({table_props(2, 'merge-on-read', fmt)})"
-    )
-    spark.sql(f"ALTER TABLE {src} SET IDENTIFIER FIELDS id")
-    spark.sql(f"INSERT INTO {src} VALUES {rows(0, 200)}")
-    spark.sql(f"UPDATE {src} SET amount = amount + 1 WHERE id % 10 = 0")
-    section, tgt = target_section("hadoop", f"dmg.{name}", warehouse, rest_catalog, sql_target)
-    cfg = write_config(str(tmp_path / "cdc.toml"), f"db.{name}", warehouse, target=section)
+    src, tgt, cfg = damaged_source(spark, warehouse, rest_catalog, sql_target, tmp_path, name, partitioned, fmt)
     victim = [f for f in data_files(spark, src) if f.endswith("." + fmt)][0]
 
     copy_of_file_from(spark, src, victim, f"{name}_as_text", "STRING", lambda t: [], "id, name, CAST(amount AS STRING), ts, cat")
-    p = run_cdc("changes", "--config", cfg, check=False)
-    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr, p.stderr
-    assert "`amount`" in p.stderr and "decimal" in p.stderr.lower(), p.stderr
-    assert p.stdout == "", "no row of a refused file is emitted"
-    sync_refused(cfg, victim, "`amount`", [])
+    p = refused(cfg, victim, "`amount`")
+    assert "decimal" in p.stderr.lower(), p.stderr
     assert all("metadata" in f for f in target_files(warehouse, f"dmg.{name}")), "nothing of the refused commit is left behind"
     restore(victim)
 
     copy_of_file_from(spark, src, victim, f"{name}_no_key", "DECIMAL(10,2)", lambda t: [f"ALTER TABLE {t} DROP COLUMN id"],
                       "name, amount, ts, cat")
-    p = run_cdc("changes", "--config", cfg, check=False)
-    assert p.returncode == EXIT_DATA and os.path.basename(victim) in p.stderr and "`id`" in p.stderr, p.stderr
-    sync_refused(cfg, victim, "`id`", [])
+    refused(cfg, victim, "`id`")
     restore(victim)
     run_cdc("sync", "--config", cfg)
     assert target_rows(spark, tgt, COLS) == rows_of(spark, src, COLS)
