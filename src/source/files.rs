@@ -58,6 +58,8 @@ pub struct SnapshotFiles {
     pub changed_deletes: Vec<Arc<FileEntry>>,
     pub added_data: usize,
     pub removed_data: usize,
+    /// Delete files among `changed_deletes` that the snapshot added (the rest it removed).
+    pub added_deletes: usize,
     /// Manifests read to plan it.
     pub manifests_read: usize,
 }
@@ -119,13 +121,11 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
 fn summary_agrees(snapshot: &SnapshotRef, out: &SnapshotFiles) -> bool {
     let props = &snapshot.summary().additional_properties;
     let count = |k: &str| props.get(k).and_then(|v| v.parse::<usize>().ok());
-    let added_deletes = out.changed_deletes.iter().filter(|d| out.deletes_after.iter().any(|a| Arc::ptr_eq(a, d))).count();
-    let removed_deletes = out.changed_deletes.len() - added_deletes;
     [
         ("added-data-files", out.added_data),
         ("deleted-data-files", out.removed_data),
-        ("added-delete-files", added_deletes),
-        ("removed-delete-files", removed_deletes),
+        ("added-delete-files", out.added_deletes),
+        ("removed-delete-files", out.changed_deletes.len() - out.added_deletes),
     ]
     .into_iter()
     .all(|(k, n)| count(k).is_none_or(|c| c == n))
@@ -254,6 +254,7 @@ fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manife
                 out.deletes_after.push(fe.clone());
             }
             if before != after {
+                out.added_deletes += after as usize;
                 out.changed_deletes.push(fe);
             }
         }

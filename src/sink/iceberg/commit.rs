@@ -862,9 +862,9 @@ impl Sink for IcebergSink {
             // mark names its metadata file (metadata files never change): no load — a streaming poll's commit then
             // costs one target load less. Not on REST: a load there also renews vended storage credentials.
             if let Some(t) = self.table.as_ref().filter(|_| !matches!(*self.catalog, Catalog::Rest(_))) {
-                let held = t.metadata_location().map(|l| l.trim_start_matches("file:").to_string());
+                let held = t.metadata_location().map(super::maintain::normalize);
                 let current = self.catalog.cheap_metadata_location(&self.cfg.table).await.ok().flatten();
-                if held.is_some() && current.map(|l| l.trim_start_matches("file:").to_string()) == held {
+                if held.is_some() && current.as_deref().map(super::maintain::normalize) == held {
                     tracing::trace!(target_table = %self.cfg.table, "the target's head is the table this sink holds; not loaded again");
                     return Ok(progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id));
                 }

@@ -277,7 +277,7 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
 }
 
 /// A path as a listing and a manifest both spell it: without `file:` schemes, `//` collapsed after the scheme.
-fn normalize(p: &str) -> String {
+pub(crate) fn normalize(p: &str) -> String {
     let p = p.strip_prefix("file://").or_else(|| p.strip_prefix("file:")).unwrap_or(p);
     let (scheme, rest) = match p.split_once("://") {
         Some((s, r)) => (format!("{s}://"), r),
