@@ -109,7 +109,7 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize, 
     );
     let cfg = Config::parse(&text).unwrap();
     let source = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
-    let target = Catalog::connect(&cfg.target.as_ref().unwrap().catalog, "target").await.unwrap();
+    let target = Catalog::connect(&cfg.targets().next().unwrap().catalog, "target").await.unwrap();
     let mut table = source.load_table(quickstart::TABLE).await.unwrap();
     let mut sinks = iceberg_cdc::sink::open(&cfg, "bench", iceberg_cdc::sink::Lifetime::LongRunning).await.unwrap();
     iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
@@ -162,8 +162,9 @@ async fn run(dir: &Path, name: &str, extra: &str, commits: usize, every: usize, 
         iceberg_cdc::pipeline::run_sync(&cfg, &mut sinks, None, None, |_| {}).await.unwrap();
         let mut working = false;
         for s in sinks.iter_mut() {
-            s.take_maintenance();
-            working |= s.rest().await.unwrap() == iceberg_cdc::sink::Rest::Working;
+            let u = s.upkeep().expect("an Iceberg target has upkeep");
+            u.take_maintenance();
+            working |= u.rest().await.unwrap() == iceberg_cdc::sink::Rest::Working;
         }
         if !working {
             break;

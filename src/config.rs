@@ -18,19 +18,79 @@ pub fn share_of(budget: u64, (n, d): (u64, u64)) -> u64 {
 /// The default `target_file_size` of files the applier writes.
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 512 * 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 /// A one-shot configuration (`cdc changes`, `cdc sync`): a source and its destinations.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The table changes are read from.
     pub source: SourceConfig,
-    /// Where `cdc sync` writes; not needed by `cdc changes`.
-    pub target: Option<TargetConfig>,
-    /// A Kafka topic `cdc sync` publishes the changes to (alone, or beside `[target]`).
-    pub kafka: Option<KafkaConfig>,
-    #[serde(default)]
+    /// Where `cdc sync` writes, in commit order (empty for `cdc changes`): `[target]` and `[kafka]` are shorthands
+    /// for one entry each, ahead of the `[[sinks]]` entries.
+    pub sinks: Vec<SinkConfig>,
     /// Memory, spill and read settings of the engine.
     pub engine: EngineConfig,
+}
+
+/// A one-shot file as written: the shorthands beside the list ([`Config`] is what the rest of the program reads).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConfigFile {
+    source: SourceConfig,
+    /// Shorthand for one `[[sinks]]` entry of type `iceberg`.
+    target: Option<TargetConfig>,
+    /// Shorthand for one `[[sinks]]` entry of type `kafka`.
+    kafka: Option<KafkaConfig>,
+    #[serde(default)]
+    sinks: Vec<SinkConfig>,
+    #[serde(default)]
+    engine: EngineConfig,
+}
+
+impl From<ConfigFile> for Config {
+    fn from(f: ConfigFile) -> Config {
+        let shorthands = f.target.map(SinkConfig::Iceberg).into_iter().chain(f.kafka.map(SinkConfig::Kafka));
+        Config { source: f.source, sinks: shorthands.chain(f.sinks).collect(), engine: f.engine }
+    }
+}
+
+/// A destination of change rows. `C` is how an Iceberg target's catalog is given: inline (the default) or, in the
+/// service's file, by the name of a `[catalogs.<name>]` section. Adding a destination: a variant here and one arm in
+/// `sink::open`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum SinkConfig<C = CatalogConfig> {
+    /// A target Iceberg table (the keys of `[target]`).
+    Iceberg(TargetConfig<C>),
+    /// A Kafka topic (the keys of `[kafka]`).
+    Kafka(KafkaConfig),
+}
+
+impl<C> SinkConfig<C> {
+    /// `iceberg:<table>` / `kafka:<topic>`: how the sink is named in logs and metrics.
+    pub fn label(&self) -> String {
+        match self {
+            SinkConfig::Iceberg(t) => format!("iceberg:{}", t.table),
+            SinkConfig::Kafka(k) => format!("kafka:{}", k.topic),
+        }
+    }
+
+    /// The keys an entry of this `type` takes (`type` included), for the unknown-key check.
+    pub(crate) fn keys_of_type(kind: Option<&str>) -> Vec<&'static str>
+    where
+        C: for<'de> Deserialize<'de>,
+    {
+        let keys = if kind == Some("kafka") { keys_of::<KafkaConfig>() } else { keys_of::<TargetConfig<C>>() };
+        keys.iter().copied().chain(["type"]).collect()
+    }
+}
+
+impl SinkConfig {
+    /// Every problem of this entry (`at`: where it is, for messages), given the source it serves.
+    pub fn validate(&self, at: &str, source: &SourceConfig, p: &mut Vec<String>) {
+        match self {
+            SinkConfig::Iceberg(t) => t.validate(at, source, p),
+            SinkConfig::Kafka(k) => k.validate(at, p),
+        }
+    }
 }
 
 /// Value encoding of Kafka messages.
@@ -258,6 +318,42 @@ pub struct TargetConfig<C = CatalogConfig> {
     pub orphan_grace: std::time::Duration,
     /// The target's catalog (a `[catalogs.<name>]` name in a service file, resolved to its settings).
     pub catalog: C,
+}
+
+impl TargetConfig {
+    /// Every problem of this section (`at`: where it is, for messages), given the source it serves.
+    pub fn validate(&self, at: &str, source: &SourceConfig, p: &mut Vec<String>) {
+        validate_table_name(&format!("{at}.table"), &self.table, p);
+        self.catalog.validate(&format!("{at}.catalog"), p);
+        if !(2..=3).contains(&self.format_version) {
+            p.push(format!("{at}.format_version: {} — must be 2 or 3", self.format_version));
+        }
+        if self.snapshots_per_commit == Some(0) {
+            p.push(format!("{at}.snapshots_per_commit: must be at least 1"));
+        }
+        if self.equality_columns.as_ref().is_some_and(|c| c.is_empty()) {
+            p.push(format!("{at}.equality_columns: must not be empty (omit it to use the source's key columns)"));
+        }
+        if self.target_file_size < 1024 * 1024 {
+            p.push(format!("{at}.target_file_size: below the 1MiB minimum"));
+        }
+        if self.retain_snapshots == 0 {
+            p.push(format!("{at}.retain_snapshots: must be at least 1 (the head always stays)"));
+        }
+        if self.compact_delete_files == 0 || self.compact_small_files < 2 {
+            p.push(format!("{at}.compact_delete_files must be at least 1 and {at}.compact_small_files at least 2"));
+        }
+        if self.compact_max_bytes == 0 {
+            p.push(format!("{at}.compact_max_bytes: must be more than 0 (set `compact = false` to turn compaction off)"));
+        }
+        if self.catalog.kind == source.catalog.kind
+            && self.catalog.warehouse == source.catalog.warehouse
+            && self.catalog.props == source.catalog.props
+            && self.table == source.table
+        {
+            p.push(format!("{at}.table: the target is the source table itself"));
+        }
+    }
 }
 
 impl<C> TargetConfig<C> {
@@ -538,12 +634,21 @@ pub(crate) fn keys_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
 /// catalog properties).
 fn unknown_keys(value: &toml::Value) -> Vec<String> {
     let mut out = Vec::new();
-    unknown_in("", Some(value), keys_of::<Config>(), &mut out);
+    unknown_in("", Some(value), keys_of::<ConfigFile>(), &mut out);
     unknown_in("source", value.get("source"), keys_of::<SourceConfig>(), &mut out);
     unknown_in("target", value.get("target"), keys_of::<TargetConfig>(), &mut out);
     unknown_in("kafka", value.get("kafka"), keys_of::<KafkaConfig>(), &mut out);
     unknown_in("engine", value.get("engine"), keys_of::<EngineConfig>(), &mut out);
+    unknown_sink_keys::<CatalogConfig>("sinks", value.get("sinks"), &mut out);
     out
+}
+
+/// The unknown keys of every entry of a list of sinks (`at`: the list's place in the file).
+pub(crate) fn unknown_sink_keys<C: for<'de> Deserialize<'de>>(at: &str, sinks: Option<&toml::Value>, out: &mut Vec<String>) {
+    for (j, s) in sinks.and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
+        let keys = SinkConfig::<C>::keys_of_type(s.get("type").and_then(toml::Value::as_str));
+        unknown_in(&format!("{at}[{j}]"), Some(s), &keys, out);
+    }
 }
 
 /// Parse → validate for a TOML configuration: `${ENV}` expanded, every unknown key listed (serde stops at the first
@@ -659,67 +764,66 @@ impl Config {
 
     /// Parses and validates a configuration (every problem at once).
     pub fn parse(text: &str) -> Result<Config> {
-        parse_checked(text, unknown_keys, Config::validate)
+        parse_checked(text, unknown_keys, |f: &ConfigFile| Config::from(f.clone()).validate()).map(Config::from)
+    }
+
+    /// Where sink `i` is in the file, for messages: `target` or `kafka` for the only sink of its type, else
+    /// `sinks[i]`.
+    fn sink_at(&self, i: usize) -> String {
+        let kind = |s: &SinkConfig| std::mem::discriminant(s);
+        match &self.sinks[i] {
+            s if self.sinks.iter().filter(|o| kind(o) == kind(s)).count() > 1 => format!("sinks[{i}]"),
+            SinkConfig::Iceberg(_) => "target".into(),
+            SinkConfig::Kafka(_) => "kafka".into(),
+        }
+    }
+
+    /// The Iceberg target tables among the sinks, in order.
+    pub fn targets(&self) -> impl Iterator<Item = &TargetConfig> + Clone {
+        self.sinks.iter().filter_map(|s| match s {
+            SinkConfig::Iceberg(t) => Some(t),
+            SinkConfig::Kafka(_) => None,
+        })
     }
 
     /// Pure checks; returns every problem found.
     pub fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
-        validate_table_name("source.table", &self.source.table, &mut p);
+        validate_table_and_keys("source", &self.source.table, self.source.key_columns.as_deref(), &mut p);
         self.source.catalog.validate("source.catalog", &mut p);
-        if let Some(keys) = &self.source.key_columns {
-            if keys.is_empty() {
-                p.push("source.key_columns: must not be empty (omit it to use the identifier fields)".into());
-            }
-            let mut seen = std::collections::HashSet::new();
-            for k in keys {
-                if !seen.insert(k) {
-                    p.push(format!("source.key_columns: `{k}` is listed twice"));
-                }
-            }
+        for (i, sink) in self.sinks.iter().enumerate() {
+            sink.validate(&self.sink_at(i), &self.source, &mut p);
         }
-        if let Some(k) = &self.kafka {
-            k.validate("kafka", &mut p);
+        self.engine.validate(&mut p);
+        p
+    }
+}
+
+impl EngineConfig {
+    /// Every problem of `[engine]`.
+    pub fn validate(&self, p: &mut Vec<String>) {
+        if self.memory_budget < 1024 * 1024 {
+            p.push(format!("engine.memory_budget: {} bytes is below the 1MiB minimum", self.memory_budget));
         }
-        if let Some(t) = &self.target {
-            validate_table_name("target.table", &t.table, &mut p);
-            t.catalog.validate("target.catalog", &mut p);
-            if !(2..=3).contains(&t.format_version) {
-                p.push(format!("target.format_version: {} — must be 2 or 3", t.format_version));
-            }
-            if t.snapshots_per_commit == Some(0) {
-                p.push("target.snapshots_per_commit: must be at least 1".into());
-            }
-            if t.equality_columns.as_ref().is_some_and(|c| c.is_empty()) {
-                p.push("target.equality_columns: must not be empty (omit it to use the source's key columns)".into());
-            }
-            if t.target_file_size < 1024 * 1024 {
-                p.push("target.target_file_size: below the 1MiB minimum".into());
-            }
-            if t.retain_snapshots == 0 {
-                p.push("target.retain_snapshots: must be at least 1 (the head always stays)".into());
-            }
-            if t.compact_delete_files == 0 || t.compact_small_files < 2 {
-                p.push("target.compact_delete_files must be at least 1 and target.compact_small_files at least 2".into());
-            }
-            if t.compact_max_bytes == 0 {
-                p.push("target.compact_max_bytes: must be more than 0 (set `compact = false` to turn compaction off)".into());
-            }
-            if t.catalog.kind == self.source.catalog.kind
-                && t.catalog.warehouse == self.source.catalog.warehouse
-                && t.catalog.props == self.source.catalog.props
-                && t.table == self.source.table
-            {
-                p.push("target.table: the target is the source table itself".into());
-            }
-        }
-        if self.engine.memory_budget < 1024 * 1024 {
-            p.push(format!("engine.memory_budget: {} bytes is below the 1MiB minimum", self.engine.memory_budget));
-        }
-        if self.engine.read_concurrency == 0 || self.engine.read_concurrency > 256 {
+        if self.read_concurrency == 0 || self.read_concurrency > 256 {
             p.push("engine.read_concurrency: must be between 1 and 256".into());
         }
-        p
+    }
+}
+
+/// The problems of a source's `table` and `key_columns` (`at`: where they are).
+pub(crate) fn validate_table_and_keys(at: &str, table: &str, key_columns: Option<&[String]>, p: &mut Vec<String>) {
+    validate_table_name(&format!("{at}.table"), table, p);
+    if let Some(keys) = key_columns {
+        if keys.is_empty() {
+            p.push(format!("{at}.key_columns: must not be empty (omit it to use the identifier fields)"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for k in keys {
+            if !seen.insert(k) {
+                p.push(format!("{at}.key_columns: `{k}` is listed twice"));
+            }
+        }
     }
 }
 
@@ -891,7 +995,7 @@ mod tests {
 
     #[test]
     fn known_keys_are_the_fields_the_types_declare() {
-        assert_eq!(keys_of::<Config>(), ["source", "target", "kafka", "engine"]);
+        assert_eq!(keys_of::<ConfigFile>(), ["source", "target", "kafka", "sinks", "engine"]);
         assert_eq!(keys_of::<SourceConfig>(), ["table", "key_columns", "catalog", "on_history_rewrite"]);
         let target = [
             "table",
@@ -991,7 +1095,7 @@ mod tests {
     fn target_section() {
         let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
         let cfg = Config::parse(&format!("{base}[target]\ntable='r.t'\nretry_backoff='1s'\n[target.catalog]\ntype='sql'\nwarehouse='/x'\n")).unwrap();
-        let t = cfg.target.unwrap();
+        let t = cfg.targets().next().unwrap();
         assert_eq!((t.format_version, t.snapshots_per_commit, t.retry_backoff), (2, None, std::time::Duration::from_secs(1)));
         let err = Config::parse(&format!("{base}[target]\ntable='db.t'\nformat_version=4\nsnapshots_per_commit=0\nmode='copy-on-write'\n[target.catalog]\ntype='hadoop'\nwarehouse='/w'\n")).unwrap_err();
         assert!(err.to_string().contains("mode"), "{err}");
@@ -1084,7 +1188,7 @@ mod tests {
     fn kafka_section() {
         let base = "[source]\ntable='db.t'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
         let cfg = Config::parse(&format!("{base}[kafka]\nbootstrap_servers='b:9092'\nformat='debezium'\nmax_transaction_bytes='8MiB'\n")).unwrap();
-        let k = cfg.kafka.unwrap();
+        let [SinkConfig::Kafka(k)] = &cfg.sinks[..] else { panic!("{:?}", cfg.sinks) };
         assert_eq!(
             (k.format, k.initial, k.topic.as_str(), k.max_transaction_bytes),
             (KafkaFormat::Debezium, KafkaInitial::Snapshot, "cdc.{namespace}.{table}", 8 << 20)

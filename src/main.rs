@@ -278,26 +278,31 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Maintain { config, json } => {
             let cfg = Config::load(&config)?;
-            let Some(t) = &cfg.target else {
+            if cfg.targets().next().is_none() {
                 return Err(Error::Config(vec!["[target]: `cdc maintain` maintains the Iceberg target; this file has none".into()]).into());
-            };
-            let catalog = iceberg_cdc::catalog::Catalog::connect(&t.catalog, "target").await?;
-            let (m, failed) = iceberg_cdc::sink::iceberg::maintain::maintain(&catalog, t, cfg.engine.memory_budget).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&m)?);
-            } else {
-                eprintln!(
-                    "cdc: {}: compacted {} data file(s) into {} and removed {} delete file(s), manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
-                    m.table,
-                    m.compacted.data_files_rewritten,
-                    m.compacted.data_files_written,
-                    m.compacted.delete_files_removed,
-                    m.manifests_before,
-                    m.manifests_after,
-                    m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
-                );
             }
-            if let Some(e) = failed {
+            // every Iceberg target of the file; the first failure is the exit code, after all were tried
+            let mut first_failure = None;
+            for t in cfg.targets() {
+                let catalog = iceberg_cdc::catalog::Catalog::connect(&t.catalog, "target").await?;
+                let (m, failed) = iceberg_cdc::sink::iceberg::maintain::maintain(&catalog, t, cfg.engine.memory_budget).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&m)?);
+                } else {
+                    eprintln!(
+                        "cdc: {}: compacted {} data file(s) into {} and removed {} delete file(s), manifests {} -> {}, {} snapshot(s) expired ({} files deleted), {} orphan file(s) deleted ({} younger than orphan_grace kept), in {:.2}s",
+                        m.table,
+                        m.compacted.data_files_rewritten,
+                        m.compacted.data_files_written,
+                        m.compacted.delete_files_removed,
+                        m.manifests_before,
+                        m.manifests_after,
+                        m.snapshots_expired, m.expired_files_deleted, m.orphans_deleted, m.orphans_too_young, m.seconds
+                    );
+                }
+                first_failure = first_failure.or(failed);
+            }
+            if let Some(e) = first_failure {
                 return Err(e.into());
             }
         }

@@ -479,7 +479,7 @@ async fn sync_resumes_is_idempotent_and_refuses_gaps() {
     assert!(again.contains("\"source_snapshots_applied\": 0"), "{again}");
     assert_eq!(target_snapshot_count(&tw, "replica.orders"), 3, "nothing new, nothing committed");
     // the target equals the source, read by iceberg-rust's scan (applies equality deletes)
-    let tcat = Catalog::connect(&Config::parse(&std::fs::read_to_string(cfg).unwrap()).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::parse(&std::fs::read_to_string(cfg).unwrap()).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     let mut want = scan_rows(&table, Some(lineage.last().unwrap().snapshot_id())).await;
     let mut got = scan_rows(&target, target.metadata().current_snapshot_id()).await;
@@ -494,7 +494,7 @@ async fn sync_bad_input_commits_nothing() {
     let (_c, table, wh) = quickstart_table(dir.path()).await;
     let tw = dir.path().join("target");
     // an existing target whose key has an incompatible type and which has a required column the source lacks
-    let tcfg = Config::parse(&sync_config(&wh, "replica.bad", &tw, "")).unwrap().target.unwrap();
+    let tcfg = Config::parse(&sync_config(&wh, "replica.bad", &tw, "")).unwrap().targets().next().cloned().unwrap();
     let tcat = Catalog::connect(&tcfg.catalog, "target").await.unwrap();
     let schema = iceberg::spec::Schema::builder()
         .with_fields(vec![
@@ -571,7 +571,7 @@ fn assert_applied_once(target_wh: &Path, table: &str, source: &Table, context: &
 }
 
 async fn assert_target_equals_source(cfg: &Path, table: &Table, target: &str) {
-    let tcat = Catalog::connect(&Config::load(cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let t = tcat.load_table(target).await.unwrap();
     let progress = iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &table.metadata().uuid().to_string()).unwrap();
     let mut want = scan_rows(table, Some(progress.source_snapshot_id)).await;
@@ -1210,7 +1210,7 @@ async fn the_service_compacts_in_the_background_while_the_source_commits() {
     }
     assert!(wait_caught_up(&tw, "replica.orders", &catalog, 60).await, "{}", log());
     let tcat =
-        Catalog::connect(&Config::load(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""))).unwrap().target.unwrap().catalog, "t")
+        Catalog::connect(&Config::load(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""))).unwrap().targets().next().cloned().unwrap().catalog, "t")
             .await
             .unwrap();
     let mut deletes = u64::MAX;
@@ -1686,7 +1686,7 @@ async fn small_manifests_are_merged_as_commits_go() {
     ok(cdc(&["sync", "--config", cfg.to_str().unwrap()]));
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
 
-    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     let meta = target.metadata();
     let head = meta.current_snapshot().unwrap();
@@ -1732,7 +1732,7 @@ async fn the_target_is_compacted_as_commits_go() {
     assert!(summary["files_rewritten"].as_u64().unwrap() >= 20, "{summary}");
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
 
-    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     let head = target.metadata().current_snapshot().unwrap();
     let total = |k: &str| head.summary().additional_properties[k].parse::<u64>().unwrap();
@@ -1799,7 +1799,7 @@ async fn maintain_rewrites_manifests_expires_and_removes_old_orphans() {
     assert_eq!(m["orphans_too_young"], 1, "{m}");
     assert!(!old.exists() && young.exists() && !stale_tmp.exists());
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
-    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     assert_eq!(target.metadata().current_snapshot().unwrap().summary().operation, iceberg::spec::Operation::Replace);
     assert!(target.metadata().snapshots().len() <= 3, "{}", target.metadata().snapshots().len());
@@ -1887,7 +1887,7 @@ async fn old_target_snapshots_expire_and_their_files_go() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("expired old target snapshots"), "{}", String::from_utf8_lossy(&out.stderr));
     assert_target_equals_source(&cfg, &t, "replica.orders").await;
 
-    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(&cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     let meta = target.metadata();
     assert!((3..=4).contains(&meta.snapshots().len()), "{} snapshots left", meta.snapshots().len());
@@ -1918,7 +1918,7 @@ async fn old_target_snapshots_expire_and_their_files_go() {
 
 /// Content types of every delete file any snapshot of `table` (loaded from `cfg`'s target catalog) lists.
 async fn delete_contents(cfg: &Path, table: &str) -> Vec<iceberg::spec::DataContentType> {
-    let tcat = Catalog::connect(&Config::load(cfg).unwrap().target.unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::load(cfg).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
     let target = tcat.load_table(table).await.unwrap();
     let mut out = Vec::new();
     for s in target.metadata().snapshots() {

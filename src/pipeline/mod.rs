@@ -369,7 +369,7 @@ pub struct CommitReport {
 pub(crate) fn source_info(cfg: &Config, source: &Table, end: &iceberg::spec::SnapshotRef) -> Result<SourceInfo> {
     let smeta = source.metadata();
     // Keys are named as the user sees the table (its current schema, else the range end's); ids from then on.
-    let configured = cfg.source.key_columns.iter().flatten().chain(cfg.target.iter().flat_map(|t| t.equality_columns.iter().flatten()));
+    let configured = cfg.source.key_columns.iter().flatten().chain(cfg.targets().flat_map(|t| t.equality_columns.iter().flatten()));
     let names_schema = if configured.clone().all(|n| smeta.current_schema().field_by_name(n).is_some()) {
         smeta.current_schema().clone()
     } else {
@@ -397,7 +397,7 @@ pub async fn run_sync(
 ) -> Result<SyncSummary> {
     let (_, source) = load_source(cfg).await?;
     let mut summary = run(cfg, &source, sinks, from, to, &RunControl::default(), on_commit).await?;
-    if let Some(t) = &cfg.target {
+    if let Some(t) = cfg.targets().next() {
         summary.target_table = t.table.clone();
     }
     Ok(summary)
@@ -435,7 +435,7 @@ pub async fn run(
     for s in sinks.iter_mut() {
         recorded.push(s.recorded(&info).await?);
     }
-    let initials: Vec<Initial> = sinks.iter().map(|s| s.initial()).collect();
+    let initials: Vec<Initial> = sinks.iter().map(|s| s.profile().initial).collect();
     let mut caught_up = 0;
     match plan::share(meta, &recorded, &initials) {
         plan::Sharing::Separately => {
@@ -486,15 +486,15 @@ async fn run_sink(
     // One scan for the run: its delete cache serves every commit.
     // the sink's writers run beside the scan (a partition-aligned rewrite is written while other groups match): the
     // scan divides what they leave of the budget
-    let scan_budget = cfg.engine.memory_budget.saturating_sub(sink.reserved_memory()).max(1);
-    let opts = ScanOptions { key_order: sink.needs_key_order(), memory_budget: scan_budget, ..scan_options(cfg) };
+    let profile = sink.profile();
+    let scan_budget = cfg.engine.memory_budget.saturating_sub(profile.reserved_memory).max(1);
+    let opts = ScanOptions { key_order: profile.needs_key_order, memory_budget: scan_budget, ..scan_options(cfg) };
     let mut scan = ChangelogScan::new(source, &range.schema_at(&end), info.key_ids.clone(), opts)?;
     if let Some(cache) = &control.cache {
         scan = scan.with_cache(cache.clone());
     }
-    let per_commit = sink.snapshots_per_commit().or(cfg.target.as_ref().and_then(|t| t.snapshots_per_commit)).unwrap_or(1);
     let mut feed = ScanFeed { scan, stats: ScanTotals::default() };
-    let applied = apply(range, sink, &info, from_id, per_commit, &mut feed, control.stop.as_ref(), &mut summary, on_commit).await;
+    let applied = apply(range, sink, &info, from_id, &mut feed, control.stop.as_ref(), &mut summary, on_commit).await;
     let t = feed.stats;
     summary.source_files_read = t.files_read;
     summary.source_bytes_read = t.bytes_read;
@@ -585,18 +585,17 @@ async fn apply(
     sink: &mut dyn Sink,
     info: &SourceInfo,
     from: Option<i64>,
-    per_commit: usize,
     feed: &mut dyn Feed,
     stop: Option<&tokio::sync::watch::Receiver<bool>>,
     summary: &mut SyncSummary,
     on_commit: &mut dyn FnMut(&CommitReport),
 ) -> Result<()> {
-    let label = sink.label();
+    let (label, profile) = (sink.label(), sink.profile());
     let end = range.end.snapshot_id();
     let mut replans = 0u32;
     loop {
         let recorded = sink.recorded(info).await?;
-        let start = plan::decide_start(range, &label, from, recorded, sink.initial(), info.on_history_rewrite)?;
+        let start = plan::decide_start(range, &label, from, recorded, profile.initial, info.on_history_rewrite)?;
         let (first_schema, bootstrap) = match start {
             plan::Start::Done(p) => {
                 if replans == 0 && p != end {
@@ -615,7 +614,7 @@ async fn apply(
                 plan::Start::After(a) | plan::Start::Rewritten { from: a, .. } => Some(a),
                 _ => None,
             };
-            let chunks = plan::chunks(range, start, per_commit)?;
+            let chunks = plan::chunks(range, start, profile.snapshots_per_commit)?;
             let planned: usize = chunks.iter().map(|c| c.snapshots.len()).sum();
             // snapshots of empty commits wait for the next one that lands
             let mut pending: Vec<iceberg::spec::SnapshotRef> = Vec::new();
@@ -725,7 +724,6 @@ fn record(
 mod tests {
     use super::*;
     use crate::spec::testing::metadata;
-    use futures::future::BoxFuture;
     use iceberg::spec::SchemaRef;
     use serde_json::json;
 
@@ -742,30 +740,34 @@ mod tests {
         open: Option<(Vec<i64>, Option<i64>)>,
     }
 
+    #[async_trait::async_trait]
     impl Sink for FakeSink {
         fn label(&self) -> String {
             "fake".into()
         }
-        fn recorded<'a>(&'a mut self, _: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
-            Box::pin(async move { Ok(self.progress) })
+        fn profile(&self) -> crate::sink::Profile {
+            crate::sink::Profile { initial: Initial::Copy, snapshots_per_commit: 2, reserved_memory: 0, needs_key_order: true }
         }
-        fn prepare<'a>(&'a mut self, _: &'a SourceInfo, _: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
+        async fn recorded(&mut self, _: &SourceInfo) -> Result<Option<i64>> {
+            Ok(self.progress)
+        }
+        async fn prepare(&mut self, _: &SourceInfo, _: &SchemaRef, bootstrap: bool) -> Result<Option<i64>> {
             self.events.push(format!("prepare bootstrap={bootstrap}"));
-            Box::pin(async move { Ok(self.progress) })
+            Ok(self.progress)
         }
-        fn begin<'a>(&'a mut self, _: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>> {
+        async fn begin(&mut self, _: &SourceInfo, chunk: &Chunk) -> Result<()> {
             let ids: Vec<i64> = chunk.snapshots.iter().map(|s| s.snapshot_id()).collect();
             self.events.push(format!("begin {ids:?} base={:?}", chunk.base));
             self.open = Some((ids, chunk.base));
-            Box::pin(async { Ok(()) })
+            Ok(())
         }
-        fn write(&mut self, _: RecordBatch) -> BoxFuture<'_, Result<()>> {
-            Box::pin(async { Ok(()) })
+        async fn write(&mut self, _: RecordBatch) -> Result<()> {
+            Ok(())
         }
-        fn commit<'a>(&'a mut self, _: &'a SourceInfo, _: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>> {
+        async fn commit(&mut self, _: &SourceInfo, _: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
             self.commits += 1;
             let (ids, base) = self.open.take().expect("begun");
-            let outcome = if self.always_replan || self.moved_at == Some(self.commits) {
+            Ok(if self.always_replan || self.moved_at == Some(self.commits) {
                 self.progress = self.moved_to.or(self.progress);
                 self.events.push("replan".into());
                 Committed::Replan
@@ -774,12 +776,10 @@ mod tests {
                 self.progress = ids.last().copied();
                 self.events.push("commit".into());
                 Committed::Done { id: 100 + self.commits as i64, stats: CommitStats::default() }
-            };
-            Box::pin(async move { Ok(outcome) })
+            })
         }
-        fn abort(&mut self) -> BoxFuture<'_, ()> {
+        async fn abort(&mut self) {
             self.events.push("abort".into());
-            Box::pin(async {})
         }
         fn retries(&self) -> u32 {
             0
@@ -807,7 +807,7 @@ mod tests {
         }
     }
 
-    /// Runs the apply loop over source snapshots 1 ← 2 ← 3 ← 4 (end 4), two per commit.
+    /// Runs the apply loop over source snapshots 1 ← 2 ← 3 ← 4 (end 4), two per commit (the sink's profile).
     fn apply_to(sink: &mut FakeSink, fail_on: Option<i64>) -> (Result<()>, SyncSummary) {
         let s = |id, parent| (id, parent, id, 1_000 * id, json!({}));
         let meta = metadata(&[s(1, None), s(2, Some(1)), s(3, Some(2)), s(4, Some(3))], json!({}), json!({}), 4);
@@ -824,7 +824,7 @@ mod tests {
         let mut summary = SyncSummary::default();
         let mut reports = Vec::new();
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let r = rt.block_on(apply(range, sink, &info, None, 2, &mut FakeFeed { fail_on }, None, &mut summary, &mut |c| reports.push(c.clone())));
+        let r = rt.block_on(apply(range, sink, &info, None, &mut FakeFeed { fail_on }, None, &mut summary, &mut |c| reports.push(c.clone())));
         assert_eq!(reports.len(), summary.target_snapshot_ids.len(), "one report per landed commit");
         (r, summary)
     }

@@ -1,4 +1,5 @@
-//! The runner's decisions, as pure functions of the source's metadata and what the sinks record: where a run starts
+//! The runner's decisions, as pure functions of the source's metadata and what the sinks record: which of a
+//! pipeline's sinks share one read of the source ([`shared_reads`], fixed by their configuration), where a run starts
 //! ([`decide_start`]), which commits it makes ([`chunks`]), and how sinks at different progress share one read
 //! ([`share`]). The apply loop in `pipeline` only carries them out, so every rule here is tested without a catalog.
 //!
@@ -16,7 +17,7 @@
 //! is simply done.
 use iceberg::spec::{SnapshotRef, TableMetadata};
 
-use crate::config::OnHistoryRewrite;
+use crate::config::{OnHistoryRewrite, SinkConfig};
 use crate::error::{Error, Result};
 use crate::sink::{Chunk, Initial, Rewrite, RewriteKind};
 use crate::spec::lineage::{self, Bound};
@@ -216,6 +217,20 @@ fn rewrite_chunk(range: Range, from: i64, common: Option<i64>, kind: RewriteKind
     })
 }
 
+/// Which of a pipeline's sinks share one read of the source (one loop of the service, one [`crate::sink::fanout::FanOut`]),
+/// as indices into `sinks`: one Iceberg table and one Kafka topic do — the topic then carries what the table committed,
+/// in the same commits; any other set reads once per sink, so that each fails, lags and is counted alone. The Iceberg
+/// table comes first in a shared read (commit order: the table before the topic).
+pub(crate) fn shared_reads<C>(sinks: &[SinkConfig<C>]) -> Vec<Vec<usize>> {
+    let of = |iceberg: bool| -> Vec<usize> {
+        sinks.iter().enumerate().filter(|(_, s)| matches!(s, SinkConfig::Iceberg(_)) == iceberg).map(|(i, _)| i).collect()
+    };
+    match (of(true).as_slice(), of(false).as_slice()) {
+        ([t], [k]) => vec![vec![*t, *k]],
+        _ => (0..sinks.len()).map(|i| vec![i]).collect(),
+    }
+}
+
 /// How sinks fed by one read of the source run.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Sharing {
@@ -252,6 +267,18 @@ pub(crate) fn share(meta: &TableMetadata, recorded: &[Option<i64>], initials: &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_table_and_one_topic_share_a_read_and_any_other_set_reads_alone() {
+        let text = "[source]\ntable='a.b'\n[source.catalog]\ntype='hadoop'\nwarehouse='/w'\n";
+        let kafka = |topic: &str| format!("[[sinks]]\ntype='kafka'\nbootstrap_servers='k:9092'\ntopic='{topic}'\n");
+        let iceberg = |table: &str| format!("[[sinks]]\ntype='iceberg'\ntable='{table}'\n[sinks.catalog]\ntype='sql'\nwarehouse='/r'\n");
+        let reads = |sinks: &[String]| shared_reads(&crate::config::Config::parse(&format!("{text}{}", sinks.concat())).unwrap().sinks);
+        assert_eq!(reads(&[kafka("t"), iceberg("r.t")]), [vec![1, 0]], "the table first");
+        assert_eq!(reads(&[iceberg("r.t"), iceberg("r.u")]), [vec![0], vec![1]]);
+        assert_eq!(reads(&[iceberg("r.t"), kafka("t"), kafka("u")]), [vec![0], vec![1], vec![2]]);
+        assert_eq!(reads(&[kafka("t")]), [vec![0]]);
+    }
     use crate::spec::testing::metadata;
     use serde_json::json;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{keys_of, unknown_in, CatalogConfig, Config, EngineConfig, KafkaConfig, SourceConfig, TargetConfig};
+use crate::config::{keys_of, unknown_in, unknown_sink_keys, CatalogConfig, Config, EngineConfig, SinkConfig, SourceConfig};
 use crate::error::{Error, Result};
 
 /// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
@@ -198,7 +198,7 @@ pub struct PipelineConfig {
     /// At most one target commit per interval (covering every new source snapshot); default: the poll interval.
     #[serde(default, with = "humantime_serde::option")]
     pub commit_interval: Option<Duration>,
-    pub sinks: Vec<SinkConfig>,
+    pub sinks: Vec<SinkConfig<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -213,27 +213,15 @@ pub struct PipelineSource {
     pub on_history_rewrite: crate::config::OnHistoryRewrite,
 }
 
-/// A destination of a pipeline's changes.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum SinkConfig {
-    /// A target Iceberg table (the keys of `cdc sync`'s `[target]`, with `catalog` naming a `[catalogs.<name>]`).
-    Iceberg(TargetConfig<String>),
-    /// A Kafka topic (the keys of `cdc sync`'s `[kafka]`).
-    Kafka(KafkaConfig),
-}
-
-impl SinkConfig {
-    /// `iceberg:<table>` / `kafka:<topic>`: how the sink is named in logs and metrics.
-    pub fn label(&self) -> String {
-        match self {
-            SinkConfig::Iceberg(t) => format!("iceberg:{}", t.table),
-            SinkConfig::Kafka(k) => format!("kafka:{}", k.topic),
-        }
+impl PipelineSource {
+    /// The problems of the table and key settings (the catalog is checked under `catalogs`).
+    fn validate(&self, at: &str, p: &mut Vec<String>) {
+        crate::config::validate_table_and_keys(at, &self.table, self.key_columns.as_deref(), p);
     }
 }
 
-/// One (pipeline, sink) pair, ready for the runner.
+/// One loop of a pipeline: the sinks that share one read of the source ([`crate::pipeline::plan::shared_reads`]), ready
+/// for the runner.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     pub pipeline: String,
@@ -294,6 +282,7 @@ impl ServiceConfig {
         for (name, c) in &self.catalogs {
             c.validate(&format!("catalogs.{name}"), &mut p);
         }
+        self.engine.validate(&mut p);
         let mut names = HashSet::new();
         for (i, pl) in self.pipelines.iter().enumerate() {
             let at = format!("pipelines[{i}] ({})", pl.name);
@@ -311,27 +300,47 @@ impl ServiceConfig {
             if pl.sinks.is_empty() {
                 p.push(format!("{at}.sinks: none; add a [[pipelines.sinks]] section"));
             }
+            pl.source.validate(&format!("{at}.source"), &mut p);
             let mut labels = HashSet::new();
+            let source = self.source_of(pl);
             for (j, s) in pl.sinks.iter().enumerate() {
-                if let SinkConfig::Iceberg(t) = s {
-                    if !self.catalogs.contains_key(&t.catalog) {
-                        p.push(format!("{at}.sinks[{j}].catalog: no [catalogs.{}] section", t.catalog));
+                let sink_at = format!("{at}.sinks[{j}]");
+                match self.resolve(s) {
+                    Some(resolved) => {
+                        if let Some(source) = &source {
+                            resolved.validate(&sink_at, source, &mut p);
+                        }
+                    }
+                    None => {
+                        if let SinkConfig::Iceberg(t) = s {
+                            p.push(format!("{sink_at}.catalog: no [catalogs.{}] section", t.catalog));
+                        }
                     }
                 }
                 if !labels.insert(s.label()) {
-                    p.push(format!("{at}.sinks[{j}]: {} is listed twice", s.label()));
-                }
-            }
-        }
-        // Each run must also be a valid one-shot configuration (table names, formats, sizes, ...).
-        if p.is_empty() {
-            for r in self.runs() {
-                for problem in r.config.validate() {
-                    p.push(format!("pipeline {} ({}): {problem}", r.pipeline, r.sink));
+                    p.push(format!("{sink_at}: {} is listed twice", s.label()));
                 }
             }
         }
         p
+    }
+
+    /// A pipeline's source with its catalog resolved (`None`: no such catalog section).
+    fn source_of(&self, pl: &PipelineConfig) -> Option<SourceConfig> {
+        Some(SourceConfig {
+            table: pl.source.table.clone(),
+            key_columns: pl.source.key_columns.clone(),
+            catalog: self.catalogs.get(&pl.source.catalog)?.clone(),
+            on_history_rewrite: pl.source.on_history_rewrite,
+        })
+    }
+
+    /// A sink with its catalog resolved (`None`: no such catalog section).
+    fn resolve(&self, sink: &SinkConfig<String>) -> Option<SinkConfig> {
+        Some(match sink {
+            SinkConfig::Iceberg(t) => SinkConfig::Iceberg(t.clone().with_catalog(self.catalogs.get(&t.catalog)?.clone())),
+            SinkConfig::Kafka(k) => SinkConfig::Kafka(k.clone()),
+        })
     }
 
     /// The runs of the pipelines `shard` owns (all without one). Call after [`Self::validate`] passed.
@@ -344,47 +353,21 @@ impl ServiceConfig {
         self.service.shard.as_deref().and_then(|s| Shard::parse(s).ok())
     }
 
-    /// Every (pipeline, sink) pair with its catalogs resolved. Call after [`Self::validate`] passed.
+    /// Every loop of every pipeline, its catalogs resolved. Call after [`Self::validate`] passed.
     pub fn runs(&self) -> Vec<Run> {
         let mut out = Vec::new();
         for pl in &self.pipelines {
-            let (Some(scat), poll) = (self.catalogs.get(&pl.source.catalog), pl.poll_interval.unwrap_or(self.service.poll_interval)) else {
-                continue;
-            };
-            let source = SourceConfig {
-                table: pl.source.table.clone(),
-                key_columns: pl.source.key_columns.clone(),
-                catalog: scat.clone(),
-                on_history_rewrite: pl.source.on_history_rewrite,
-            };
-            let icebergs: Vec<&TargetConfig<String>> =
-                pl.sinks.iter().filter_map(|s| if let SinkConfig::Iceberg(t) = s { Some(t) } else { None }).collect();
-            let kafkas: Vec<&KafkaConfig> = pl.sinks.iter().filter_map(|s| if let SinkConfig::Kafka(k) = s { Some(k) } else { None }).collect();
-            let mut push = |sink: String, target: Option<TargetConfig>, kafka: Option<KafkaConfig>| {
+            let (Some(source), poll) = (self.source_of(pl), pl.poll_interval.unwrap_or(self.service.poll_interval)) else { continue };
+            for read in crate::pipeline::plan::shared_reads(&pl.sinks) {
+                let sinks: Option<Vec<SinkConfig>> = read.iter().map(|&i| self.resolve(&pl.sinks[i])).collect();
+                let Some(sinks) = sinks else { continue };
                 out.push(Run {
                     pipeline: pl.name.clone(),
-                    sink,
+                    sink: sinks.iter().map(SinkConfig::label).collect::<Vec<_>>().join("+"),
                     poll_interval: poll,
                     commit_interval: pl.commit_interval.unwrap_or(poll),
-                    config: Config { source: source.clone(), target, kafka, engine: self.engine.clone() },
+                    config: Config { source: source.clone(), sinks, engine: self.engine.clone() },
                 });
-            };
-            if let ([t], [k]) = (icebergs.as_slice(), kafkas.as_slice()) {
-                // one Iceberg table and one topic: one loop, one read of the source for both
-                if let Some(tcat) = self.catalogs.get(&t.catalog) {
-                    let label = format!("{}+{}", SinkConfig::Iceberg((*t).clone()).label(), SinkConfig::Kafka((*k).clone()).label());
-                    push(label, Some((*t).clone().with_catalog(tcat.clone())), Some((*k).clone()));
-                }
-                continue;
-            }
-            for s in &pl.sinks {
-                match s {
-                    SinkConfig::Iceberg(t) => {
-                        let Some(tcat) = self.catalogs.get(&t.catalog) else { continue };
-                        push(s.label(), Some(t.clone().with_catalog(tcat.clone())), None);
-                    }
-                    SinkConfig::Kafka(k) => push(s.label(), None, Some(k.clone())),
-                }
             }
         }
         out
@@ -398,15 +381,10 @@ fn unknown_keys(value: &toml::Value) -> Vec<String> {
     unknown_in("service", value.get("service"), keys_of::<ServiceSettings>(), &mut out);
     unknown_in("engine", value.get("engine"), keys_of::<EngineConfig>(), &mut out);
     unknown_in("cluster", value.get("cluster"), keys_of::<ClusterConfig>(), &mut out);
-    let iceberg_keys: Vec<&str> = keys_of::<TargetConfig<String>>().iter().copied().chain(["type"]).collect();
-    let kafka_keys: Vec<&str> = keys_of::<KafkaConfig>().iter().copied().chain(["type"]).collect();
     for (i, pl) in value.get("pipelines").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
         unknown_in(&format!("pipelines[{i}]"), Some(pl), keys_of::<PipelineConfig>(), &mut out);
         unknown_in(&format!("pipelines[{i}].source"), pl.get("source"), keys_of::<PipelineSource>(), &mut out);
-        for (j, s) in pl.get("sinks").and_then(toml::Value::as_array).into_iter().flatten().enumerate() {
-            let keys = if s.get("type").and_then(toml::Value::as_str) == Some("kafka") { &kafka_keys } else { &iceberg_keys };
-            unknown_in(&format!("pipelines[{i}].sinks[{j}]"), Some(s), keys, &mut out);
-        }
+        unknown_sink_keys::<String>(&format!("pipelines[{i}].sinks"), pl.get("sinks"), &mut out);
     }
     out
 }
@@ -493,7 +471,7 @@ table = "r.items"
         assert_eq!(runs[0].poll_interval, Duration::from_millis(200));
         assert_eq!(runs[0].commit_interval, Duration::from_millis(200));
         assert_eq!(runs[1].poll_interval, Duration::from_secs(1));
-        let t = runs[0].config.target.as_ref().unwrap();
+        let t = runs[0].config.targets().next().unwrap();
         assert_eq!(t.format_version, 3);
         assert_eq!(t.catalog.warehouse.as_deref(), Some("/replica"));
         assert_eq!(runs[1].config.source.key_columns.as_deref(), Some(&["id".to_string()][..]));

@@ -15,8 +15,8 @@
 //! source's and the sinks' metadata only (nothing when the cheap marks say nothing moved), and when the source has
 //! snapshots beyond a sink's recorded progress it calls the same runner as `cdc sync` ([`crate::pipeline::run`]),
 //! coalescing every new snapshot into one commit, at most one commit per
-//! `commit_interval`. Once every poll has found nothing to apply for a sink's [`Sink::rest_after`], the full poll
-//! lets the sinks rest ([`Sink::rest`]: an Iceberg target is compacted completely), once per quiet spell.
+//! `commit_interval`. Once every poll has found nothing to apply for a sink's [`Upkeep::rest_after`], the full poll
+//! lets the sinks rest ([`Upkeep::rest`]: an Iceberg target is compacted completely), once per quiet spell.
 //! Loops are isolated: a failing one (catalog down, table missing) retries with jittered
 //! exponential backoff and is reported; a permanent error (schema the target cannot follow, expired progress) stops
 //! that loop only, visibly, until a reload. A panicking loop is restarted; shared state is never poisoned.
@@ -57,8 +57,6 @@ pub use config::Shard;
 use config::{Run, ServiceConfig};
 use telemetry::{RunLabels, Telemetry};
 
-/// Snapshots one daemon commit may coalesce when the sink does not set `snapshots_per_commit`.
-pub const DAEMON_SNAPSHOTS_PER_COMMIT: usize = 1000;
 /// Longest wait between retries of a failing loop.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -317,10 +315,7 @@ struct LoopState {
 async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc<Telemetry>, limits: Limits) {
     let labels = RunLabels { pipeline: run.pipeline.clone(), sink: run.sink.clone() };
     telemetry.started(&labels);
-    let mut cfg = run.config.clone();
-    if let Some(t) = cfg.target.as_mut() {
-        t.snapshots_per_commit = Some(t.snapshots_per_commit.unwrap_or(DAEMON_SNAPSHOTS_PER_COMMIT));
-    }
+    let cfg = run.config.clone();
     // delete files stay read across polls (bounded to what the source still references)
     let control = pipeline::RunControl { stop: Some(stop.clone()), cache: Some(Arc::new(crate::source::changelog::DeleteCache::default())) };
     let mut state =
@@ -387,8 +382,7 @@ fn jittered(interval: Duration) -> Duration {
 async fn poll_on_blocking_pool(mut s: LoopState) -> Option<(LoopState, Result<()>)> {
     let handle = tokio::runtime::Handle::current();
     let job = tokio::task::spawn_blocking(move || {
-        let LoopState { cfg, run, pipeline, control, last_commit, labels, telemetry, work } = &mut s;
-        let result = handle.block_on(poll(cfg, run, pipeline, control, last_commit, labels, telemetry, work));
+        let result = handle.block_on(s.poll());
         (s, result)
     });
     match job.await {
@@ -411,6 +405,8 @@ struct Pipeline {
     idle_since: Option<Instant>,
     /// Whether every sink answered [`Rest::Done`] since then.
     rested: bool,
+    /// The shortest [`Upkeep::rest_after`] of the sinks (`None`: none rests).
+    rest_after: Option<Duration>,
 }
 
 impl Pipeline {
@@ -429,14 +425,14 @@ impl Pipeline {
         marks.iter().all(Option::is_some) && self.idle.as_deref() == Some(marks) && !self.rest_due(Instant::now())
     }
 
-    /// Whether the sinks' rest ([`Sink::rest`]) is due at `now`.
+    /// Whether the sinks' rest ([`Upkeep::rest`]) is due at `now`.
     fn rest_due(&self, now: Instant) -> bool {
-        rest_due(self.idle_since, self.rested, self.sinks.iter().filter_map(|s| s.rest_after()).min(), now)
+        rest_due(self.idle_since, self.rested, self.rest_after, now)
     }
 }
 
 /// Whether the sinks' rest is due at `now`: every poll since `idle_since` found nothing to apply, for at least
-/// `after` (the shortest [`Sink::rest_after`]; `None`: no sink rests), and they have not `rested` since. Pure.
+/// `after` (the shortest [`Upkeep::rest_after`]; `None`: no sink rests), and they have not `rested` since. Pure.
 fn rest_due(idle_since: Option<Instant>, rested: bool, after: Option<Duration>, now: Instant) -> bool {
     match (idle_since, after) {
         (Some(since), Some(after)) => !rested && now.saturating_duration_since(since) >= after,
@@ -455,91 +451,84 @@ async fn still_idle(state: &mut LoopState) -> bool {
     }
 }
 
-/// One poll, whatever the sinks: when the source has snapshots beyond the least advanced sink's progress, run the
-/// same runner as `cdc sync` over them (at most one commit per `commit_interval`).
-#[allow(clippy::too_many_arguments)]
-async fn poll(
-    cfg: &crate::config::Config,
-    run: &Run,
-    state: &mut Option<Pipeline>,
-    control: &pipeline::RunControl,
-    last_commit: &mut Option<Instant>,
-    labels: &RunLabels,
-    telemetry: &Telemetry,
-    work: &Semaphore,
-) -> Result<()> {
-    if state.is_none() {
-        let source = Catalog::shared(&cfg.source.catalog, "source").await?;
-        *state = Some(Pipeline {
-            source,
-            sinks: crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?,
-            idle: None,
-            idle_since: None,
-            rested: false,
-        });
-    }
-    let p = state.as_mut().expect("just connected");
-    // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
-    // the progress they stand for: a change in between shows as a new mark next time.)
-    let marks = p.marks(&cfg.source.table).await?;
-    if p.still_idle(&marks) {
-        telemetry.polled(labels, 0.0, 0);
-        return Ok(());
-    }
-    p.idle = None;
-    let source = p.source.load_table(&cfg.source.table).await?;
-    let meta = source.metadata();
-    let Some(head) = meta.current_snapshot() else {
-        telemetry.polled(labels, 0.0, 0);
-        p.idle = Some(marks);
-        return Ok(()); // nothing to replicate yet
-    };
-    let info = pipeline::source_info(cfg, &source, head)?;
-    // the least advanced sink decides what is pending
-    let mut pending = Vec::new();
-    for s in p.sinks.iter_mut() {
-        telemetry.maintained(labels, &s.take_maintenance());
-        let behind = pending_snapshots(meta, s.recorded(&info).await?);
-        if behind.len() > pending.len() {
-            pending = behind;
+impl LoopState {
+    /// One poll, whatever the sinks: when the source has snapshots beyond the least advanced sink's progress, run the
+    /// same runner as `cdc sync` over them (at most one commit per `commit_interval`).
+    async fn poll(&mut self) -> Result<()> {
+        let LoopState { cfg, run, pipeline: state, control, last_commit, labels, telemetry, work } = self;
+        if state.is_none() {
+            let source = Catalog::shared(&cfg.source.catalog, "source").await?;
+            let mut sinks = crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?;
+            let rest_after = sinks.iter_mut().filter_map(|s| s.upkeep().and_then(|u| u.rest_after())).min();
+            *state = Some(Pipeline { source, sinks, idle: None, idle_since: None, rested: false, rest_after });
         }
-    }
-    if pending.is_empty() {
-        p.idle_since.get_or_insert_with(Instant::now);
-        // caught up long enough: the sinks' maintenance that would cost latency while changes flow
-        if p.rest_due(Instant::now()) {
-            let mut working = false;
-            for s in p.sinks.iter_mut() {
-                working |= s.rest().await? == Rest::Working;
-            }
-            p.rested = !working;
+        let p = state.as_mut().expect("just connected");
+        // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
+        // the progress they stand for: a change in between shows as a new mark next time.)
+        let marks = p.marks(&cfg.source.table).await?;
+        if p.still_idle(&marks) {
+            telemetry.polled(labels, 0.0, 0);
+            return Ok(());
         }
-    } else {
-        (p.idle_since, p.rested) = (None, false);
-    }
-    if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
-        let (secs, n) = lag(&pending);
-        telemetry.polled(labels, secs, n);
-        if pending.is_empty() {
+        p.idle = None;
+        let source = p.source.load_table(&cfg.source.table).await?;
+        let meta = source.metadata();
+        let Some(head) = meta.current_snapshot() else {
+            telemetry.polled(labels, 0.0, 0);
             p.idle = Some(marks);
+            return Ok(()); // nothing to replicate yet
+        };
+        let info = pipeline::source_info(cfg, &source, head)?;
+        // the least advanced sink decides what is pending
+        let mut pending = Vec::new();
+        for s in p.sinks.iter_mut() {
+            if let Some(u) = s.upkeep() {
+                telemetry.maintained(labels, &u.take_maintenance());
+            }
+            let behind = pending_snapshots(meta, s.recorded(&info).await?);
+            if behind.len() > pending.len() {
+                pending = behind;
+            }
         }
-        return Ok(());
+        if pending.is_empty() {
+            p.idle_since.get_or_insert_with(Instant::now);
+            // caught up long enough: the sinks' maintenance that would cost latency while changes flow
+            if p.rest_due(Instant::now()) {
+                let mut working = false;
+                for s in p.sinks.iter_mut() {
+                    if let Some(u) = s.upkeep() {
+                        working |= u.rest().await? == Rest::Working;
+                    }
+                }
+                p.rested = !working;
+            }
+        } else {
+            (p.idle_since, p.rested) = (None, false);
+        }
+        if pending.is_empty() || last_commit.is_some_and(|t| t.elapsed() < run.commit_interval) {
+            let (secs, n) = lag(&pending);
+            telemetry.polled(labels, secs, n);
+            if pending.is_empty() {
+                p.idle = Some(marks);
+            }
+            return Ok(());
+        }
+        // a run that applies changes waits for a worker permit (the bound on concurrent work and its memory)
+        let _permit = work.acquire().await.map_err(|_| Error::Cancelled)?;
+        let summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await?;
+        telemetry.synced(labels, &summary);
+        if !summary.target_snapshot_ids.is_empty() {
+            *last_commit = Some(Instant::now());
+        }
+        // what is left of this poll's view of the source (commits that landed meanwhile show at the next poll)
+        let left = match summary.source_snapshot_id {
+            Some(at) => pending_snapshots(meta, Some(at)),
+            None => pending,
+        };
+        let (secs, n) = lag(&left);
+        telemetry.polled(labels, secs, n);
+        Ok(())
     }
-    // a run that applies changes waits for a worker permit (the bound on concurrent work and its memory)
-    let _permit = work.acquire().await.map_err(|_| Error::Cancelled)?;
-    let summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await?;
-    telemetry.synced(labels, &summary);
-    if !summary.target_snapshot_ids.is_empty() {
-        *last_commit = Some(Instant::now());
-    }
-    // what is left of this poll's view of the source (commits that landed meanwhile show at the next poll)
-    let left = match summary.source_snapshot_id {
-        Some(at) => pending_snapshots(meta, Some(at)),
-        None => pending,
-    };
-    let (secs, n) = lag(&left);
-    telemetry.polled(labels, secs, n);
-    Ok(())
 }
 
 /// A sink's lag behind `pending` (its source snapshots not yet applied): seconds since the oldest was committed, and
@@ -577,7 +566,7 @@ pub async fn check(path: &Path) -> Result<bool> {
             let head = meta.current_snapshot_id().map(|h| h.to_string()).unwrap_or("-".into());
             // a Kafka-only run: reaching the source is what can be checked without taking over the pipeline (a
             // producer with its transactional id would fence a running instance)
-            let Some(tcfg) = r.config.target.as_ref() else {
+            let Some(tcfg) = r.config.targets().next() else {
                 return Ok::<_, Error>(format!("source {} at snapshot {head}", r.config.source.table));
             };
             let t = Catalog::connect(&tcfg.catalog, "target").await?;

@@ -19,28 +19,32 @@ pub mod testing;
 
 use ::iceberg::spec::{SchemaRef, SnapshotRef, TableMetadataRef};
 use arrow_array::RecordBatch;
-use futures::future::BoxFuture;
 
-use crate::config::Config;
+use crate::config::{Config, SinkConfig};
 use crate::error::{Error, Result};
 
-/// The destinations `cfg` names, in commit order (the Iceberg table before the Kafka topic), each owning its catalog
-/// or client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
+/// The destinations `cfg` lists, in commit order (Iceberg tables before Kafka topics), each owning its catalog or
+/// client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
 pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Vec<Box<dyn Sink>>> {
+    if cfg.sinks.is_empty() {
+        return Err(Error::Config(vec![
+            "[target], [kafka] or [[sinks]]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into(),
+        ]));
+    }
+    let mut ordered: Vec<&SinkConfig> = cfg.sinks.iter().collect();
+    ordered.sort_by_key(|s| matches!(s, SinkConfig::Kafka(_)));
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
-    if let Some(t) = &cfg.target {
-        sinks.push(Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget, lifetime).await?));
-    }
-    if let Some(k) = &cfg.kafka {
-        sinks.push(Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)));
-    }
-    if sinks.is_empty() {
-        return Err(Error::Config(vec!["[target] or [kafka]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into()]));
+    for s in ordered {
+        sinks.push(match s {
+            SinkConfig::Iceberg(t) => Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget, lifetime).await?),
+            SinkConfig::Kafka(k) => Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)),
+        });
     }
     Ok(sinks)
 }
 
-/// How long the sinks [`open`] returns live: it decides where an Iceberg target's compaction runs.
+/// How long the sinks [`open`] returns live: it decides where an Iceberg target's compaction runs, and how many source
+/// snapshots a commit covers by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lifetime {
     /// One `cdc sync`: compaction runs between its commits, so the target is compacted when the sync ends.
@@ -50,6 +54,21 @@ pub enum Lifetime {
     /// since the applier's positions hold only on the head it looked them up in). An expiry commits with the
     /// applier's commit, and the files it left unreferenced are deleted beside the next commits.
     LongRunning,
+}
+
+/// Source snapshots one commit may coalesce at most when a sink's `snapshots_per_commit` is not set and it coalesces
+/// (the service's Iceberg targets, every Kafka sink).
+pub const MAX_SNAPSHOTS_PER_COMMIT: usize = 1000;
+
+impl Lifetime {
+    /// Source snapshots one commit of an Iceberg target covers when `snapshots_per_commit` is not set: one per
+    /// commit for `cdc sync` (the target's history mirrors the source's), every new one of a poll in the service.
+    pub fn snapshots_per_commit(self) -> usize {
+        match self {
+            Lifetime::OneShot => 1,
+            Lifetime::LongRunning => MAX_SNAPSHOTS_PER_COMMIT,
+        }
+    }
 }
 
 /// The source a sink serves, as the runner resolved it.
@@ -230,7 +249,7 @@ pub enum Committed {
     Replan,
 }
 
-/// What a sink at rest is doing (see [`Sink::rest`]).
+/// What a sink at rest is doing (see [`Upkeep::rest`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rest {
     /// Maintenance is under way: ask again at the next poll.
@@ -248,43 +267,63 @@ pub enum Initial {
     Beginning,
 }
 
-/// A destination of change rows, driven by the runner. Object-safe: the runner holds a `&mut dyn Sink`.
+/// How the runner plans a sink's commits and sizes the scan that feeds them: fixed for the sink's life, given as one
+/// value so that a wrapper passes all of it on or none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// Where to start without recorded progress.
+    pub initial: Initial,
+    /// Source snapshots one commit may cover.
+    pub snapshots_per_commit: usize,
+    /// Bytes of `engine.memory_budget` the sink's own buffers may hold while the scan runs (its writers); the scan
+    /// divides the rest, so that the two together stay within the budget.
+    pub reserved_memory: u64,
+    /// Whether the change rows of each snapshot must come in key order. A sink that applies a snapshot as a whole
+    /// does not need it (each key's rows still come together, netted); one that resumes inside a snapshot by
+    /// counting rows does (Kafka).
+    pub needs_key_order: bool,
+}
+
+impl Profile {
+    /// The profile of sinks fed together by one read ([`fanout::FanOut`]): the first one's start, the fewest
+    /// snapshots per commit, every reservation, key order if any needs it.
+    pub fn together(all: &[Profile]) -> Profile {
+        Profile {
+            initial: all.first().map_or(Initial::Copy, |p| p.initial),
+            snapshots_per_commit: all.iter().map(|p| p.snapshots_per_commit).min().unwrap_or(1),
+            reserved_memory: all.iter().map(|p| p.reserved_memory).sum(),
+            needs_key_order: all.iter().any(|p| p.needs_key_order),
+        }
+    }
+}
+
+/// A destination of change rows, driven by the runner: the exactly-once protocol (see the module header). What the
+/// runner plans by is the sink's [`Profile`]; upkeep of the destination between commits is a capability of its own
+/// ([`Sink::upkeep`]). Object-safe: the runner holds a `&mut dyn Sink`.
+#[async_trait::async_trait]
 pub trait Sink: Send {
     /// How the sink is named in logs, metrics and summaries (`iceberg:<table>`).
     fn label(&self) -> String;
-    /// Where to start without recorded progress.
-    fn initial(&self) -> Initial {
-        Initial::Copy
-    }
-    /// Source snapshots one commit may cover (`None`: the runner's default).
-    fn snapshots_per_commit(&self) -> Option<usize> {
+    /// What the runner plans this sink's commits by.
+    fn profile(&self) -> Profile;
+    /// The sink's upkeep of its destination, if it does any (the service drives it between polls).
+    fn upkeep(&mut self) -> Option<&mut dyn Upkeep> {
         None
     }
     /// A cheap token that changes whenever the sink's recorded progress may have changed (a metadata location, the
     /// progress it wrote last); `None`: unknown. A poll that finds the source and every sink's mark as they were when
     /// it last found nothing to do skips loading any metadata.
-    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
-        Box::pin(async { Ok(None) })
+    async fn mark(&mut self) -> Result<Option<String>> {
+        Ok(None)
     }
     /// Reloads the sink's state; the source snapshot its recorded progress is at (`None`: nothing recorded).
-    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>>;
+    async fn recorded(&mut self, source: &SourceInfo) -> Result<Option<i64>>;
     /// Makes the sink ready for commits starting from rows of `schema`, creating what is missing. `bootstrap`: the
     /// first commit will be a full copy, refused when the sink holds rows without progress. Returns the progress of
     /// the state it will commit on (the runner plans again when it differs from [`Sink::recorded`]'s).
-    fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>>;
+    async fn prepare(&mut self, source: &SourceInfo, schema: &SchemaRef, bootstrap: bool) -> Result<Option<i64>>;
     /// Opens a commit for `chunk`.
-    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>>;
-    /// Bytes of `engine.memory_budget` the sink's own buffers may hold while the scan runs (its writers); the scan
-    /// divides the rest, so that the two together stay within the budget.
-    fn reserved_memory(&self) -> u64 {
-        0
-    }
-    /// Whether the change rows of each snapshot must come in key order. A sink that applies a snapshot as a whole
-    /// does not need it (each key's rows still come together, netted); one that resumes inside a snapshot by
-    /// counting rows does (Kafka).
-    fn needs_key_order(&self) -> bool {
-        true
-    }
+    async fn begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()>;
     /// The columns of removed rows (`DELETE`, `UPDATE_BEFORE`) the open commit reads, as source field ids besides
     /// the key; `None`: all of them. The scan may then carry removed rows with only these columns, the others
     /// as placeholders (zero values): a copy-on-write rewrite's removed side then holds and
@@ -293,29 +332,29 @@ pub trait Sink: Send {
         None
     }
     /// Change rows of the open commit, in order.
-    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>>;
+    async fn write(&mut self, batch: RecordBatch) -> Result<()>;
     /// Commits the open commit with its progress. `stop`: a shutdown request abandons it before the final call.
-    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>>;
+    async fn commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed>;
     /// Abandons the open commit and removes what it wrote.
-    fn abort(&mut self) -> BoxFuture<'_, ()>;
-    /// Maintenance the sink did outside its commits since the last commit or call (a compaction in the background),
-    /// for telemetry; a commit's own is in its [`CommitStats`].
-    fn take_maintenance(&mut self) -> MaintenanceStats {
-        MaintenanceStats::default()
-    }
-    /// How long the service must have found nothing to apply before [`Sink::rest`] is called (`None`: never).
-    fn rest_after(&self) -> Option<std::time::Duration> {
-        None
-    }
-    /// Maintenance for a sink at rest — the service found nothing to apply for [`Sink::rest_after`] — that would
-    /// cost replication latency while changes flow. Called on the next polls again while it answers
-    /// [`Rest::Working`]; not again until after the next commit once it answered [`Rest::Done`]. What it did is
-    /// counted by [`Sink::take_maintenance`].
-    fn rest(&mut self) -> BoxFuture<'_, Result<Rest>> {
-        Box::pin(async { Ok(Rest::Done) })
-    }
+    async fn abort(&mut self);
     /// Commit attempts repeated so far (conflicts, transient failures).
     fn retries(&self) -> u32;
     /// Whether this sink created its destination (a target table) in this run.
     fn created(&self) -> bool;
+}
+
+/// Upkeep of a destination besides the commits (an Iceberg target's compaction, expiry, orphan sweep), driven by the
+/// service between polls.
+#[async_trait::async_trait]
+pub trait Upkeep: Send {
+    /// Maintenance done outside the commits since the last commit or call (a compaction in the background), for
+    /// telemetry; a commit's own is in its [`CommitStats`].
+    fn take_maintenance(&mut self) -> MaintenanceStats;
+    /// How long the service must have found nothing to apply before [`Upkeep::rest`] is called (`None`: never).
+    fn rest_after(&self) -> Option<std::time::Duration>;
+    /// Maintenance for a destination at rest — the service found nothing to apply for [`Upkeep::rest_after`] — that
+    /// would cost replication latency while changes flow. Called on the next polls again while it answers
+    /// [`Rest::Working`]; not again until after the next commit once it answered [`Rest::Done`]. What it did is
+    /// counted by [`Upkeep::take_maintenance`].
+    async fn rest(&mut self) -> Result<Rest>;
 }

@@ -8,11 +8,9 @@ use std::time::Duration;
 
 use ::iceberg::spec::SchemaRef;
 use arrow_array::RecordBatch;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 
 use crate::error::Result;
-use crate::sink::{Chunk, Committed, Initial, Sink, SourceInfo};
+use crate::sink::{Chunk, Committed, Profile, Sink, SourceInfo, Upkeep};
 
 /// The environment variable a test sets to a directory: the first commit creates `<dir>/paused` and waits until
 /// `<dir>/resume` exists.
@@ -45,58 +43,41 @@ impl PauseBeforeCommit {
     }
 }
 
+#[async_trait::async_trait]
 impl Sink for PauseBeforeCommit {
     fn label(&self) -> String {
         self.inner.label()
     }
-    fn initial(&self) -> Initial {
-        self.inner.initial()
+    fn profile(&self) -> Profile {
+        self.inner.profile()
     }
-    fn snapshots_per_commit(&self) -> Option<usize> {
-        self.inner.snapshots_per_commit()
+    fn upkeep(&mut self) -> Option<&mut dyn Upkeep> {
+        self.inner.upkeep()
     }
-    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
-        self.inner.mark()
+    async fn mark(&mut self) -> Result<Option<String>> {
+        self.inner.mark().await
     }
-    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
-        self.inner.recorded(source)
+    async fn recorded(&mut self, source: &SourceInfo) -> Result<Option<i64>> {
+        self.inner.recorded(source).await
     }
-    fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
-        self.inner.prepare(source, schema, bootstrap)
+    async fn prepare(&mut self, source: &SourceInfo, schema: &SchemaRef, bootstrap: bool) -> Result<Option<i64>> {
+        self.inner.prepare(source, schema, bootstrap).await
     }
-    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>> {
-        self.inner.begin(source, chunk)
-    }
-    fn reserved_memory(&self) -> u64 {
-        self.inner.reserved_memory()
-    }
-    fn needs_key_order(&self) -> bool {
-        self.inner.needs_key_order()
+    async fn begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {
+        self.inner.begin(source, chunk).await
     }
     fn removed_columns(&self) -> Option<Vec<i32>> {
         self.inner.removed_columns()
     }
-    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>> {
-        self.inner.write(batch)
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.inner.write(batch).await
     }
-    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>> {
-        async move {
-            Self::pause(self.dir.clone()).await;
-            self.inner.commit(source, stop).await
-        }
-        .boxed()
+    async fn commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
+        Self::pause(self.dir.clone()).await;
+        self.inner.commit(source, stop).await
     }
-    fn abort(&mut self) -> BoxFuture<'_, ()> {
-        self.inner.abort()
-    }
-    fn take_maintenance(&mut self) -> crate::sink::MaintenanceStats {
-        self.inner.take_maintenance()
-    }
-    fn rest_after(&self) -> Option<Duration> {
-        self.inner.rest_after()
-    }
-    fn rest(&mut self) -> BoxFuture<'_, Result<crate::sink::Rest>> {
-        self.inner.rest()
+    async fn abort(&mut self) {
+        self.inner.abort().await
     }
     fn retries(&self) -> u32 {
         self.inner.retries()

@@ -17,7 +17,7 @@
 //! referenced is deleted after it lands — beside the next commits in the service. After a commit, maintenance when
 //! due: the orphan sweep and compaction — between commits for a one-shot sync and position-delete targets, in the
 //! background for the service's equality-delete targets. A target at rest (the service found nothing to apply for
-//! `compact_idle_after`) is compacted completely and its manifests merged ([`Sink::rest`]). Every commit to one table
+//! `compact_idle_after`) is compacted completely and its manifests merged ([`Upkeep::rest`]). Every commit to one table
 //! from this process, the applier's and the background compaction's, goes through one gate, so the two never race:
 //! the compaction commits between applier commits, and the applier's next commit builds on the table it left.
 use std::collections::{HashMap, HashSet};
@@ -25,8 +25,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use iceberg::spec::{DataFile, SchemaRef, SnapshotRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableRequirement, TableUpdate};
@@ -38,8 +36,11 @@ use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
-use crate::sink::iceberg::{compact, expire, maintain, progress, target};
-use crate::sink::{Chunk, CommitStats, Committed, Lifetime, MaintenanceStats, Rest, Sink, SourceInfo};
+use crate::sink::iceberg::{compact, expire, progress, target};
+use crate::sink::{Chunk, CommitStats, Committed, Initial, Lifetime, MaintenanceStats, Profile, Sink, SourceInfo, Upkeep};
+
+mod upkeep;
+use upkeep::{sits_on, Background};
 
 /// Times a commit is prepared again because the target moved under it (see `do_commit`) before its error stands.
 const MAX_STALE_PREPARES: u32 = 5;
@@ -57,6 +58,8 @@ pub struct IcebergSink {
     created: bool,
     /// The engine's memory budget; a quarter of it buffers the files being written.
     memory_budget: u64,
+    /// Source snapshots one commit may cover (`snapshots_per_commit`, or the lifetime's default).
+    snapshots_per_commit: usize,
     /// The target's file totals when compaction was last planned.
     compact_mark: compact::Mark,
     /// Whether compaction runs in the background (see [`Lifetime::LongRunning`]).
@@ -74,9 +77,9 @@ pub struct IcebergSink {
     gate: Arc<tokio::sync::Mutex<Option<Table>>>,
     /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
     swept_at: Instant,
-    /// The file totals of the target when a compaction at rest last found nothing to do ([`Sink::rest`]).
+    /// The file totals of the target when a compaction at rest last found nothing to do ([`Upkeep::rest`]).
     rested_at: Option<compact::Mark>,
-    /// What compactions at rest did between commits (compacting inline), until [`Sink::take_maintenance`].
+    /// What compactions at rest did between commits (compacting inline), until [`Upkeep::take_maintenance`].
     rest_stats: MaintenanceStats,
     /// The target holds the rows of a dropped source table of the same name (uuid, its last snapshot applied): the
     /// bootstrap of the new one replaces them all (`on_history_rewrite = "follow"`).
@@ -105,6 +108,7 @@ impl IcebergSink {
     /// `memory_budget`.
     pub async fn open(cfg: TargetConfig, memory_budget: u64, lifetime: Lifetime) -> Result<Self> {
         let catalog = Catalog::shared(&cfg.catalog, "target").await?;
+        let cfg_snapshots = cfg.snapshots_per_commit.unwrap_or(lifetime.snapshots_per_commit());
         Ok(IcebergSink {
             background: lifetime == Lifetime::LongRunning && cfg.delete_mode == DeleteMode::Equality,
             long_running: lifetime == Lifetime::LongRunning,
@@ -120,6 +124,7 @@ impl IcebergSink {
             retries: 0,
             created: false,
             memory_budget,
+            snapshots_per_commit: cfg_snapshots,
             compact_mark: compact::Mark::default(),
             swept_at: Instant::now(),
             rested_at: None,
@@ -268,7 +273,7 @@ impl IcebergSink {
             map: &evolution.map,
             equality_ids,
             target_file_size: self.cfg.target_file_size,
-            write_budget: self.reserved_memory(),
+            write_budget: self.profile().reserved_memory,
             bootstrap: chunk.bootstrap,
             multi_snapshot: chunk.steps() > 1,
             delete_spec: Self::delete_spec(table),
@@ -461,229 +466,6 @@ impl IcebergSink {
     }
 }
 
-impl IcebergSink {
-    /// The target's rest is over: a compaction at rest found nothing more to do at `mark` (its file totals).
-    fn rested(&mut self, mark: compact::Mark) {
-        tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
-        self.rested_at = Some(mark);
-    }
-
-    /// Compacts `table` when due (see `compact`); returns the table as it is afterwards, and counts what it did in
-    /// `stats`. Best effort: a failure is logged and counted, and compaction is tried again when due again.
-    async fn compact_when_due(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
-        let policy = compact::Policy::of(&self.cfg);
-        if !compact::due(self.compact_mark, compact::Mark::of(&table), &policy) {
-            return table;
-        }
-        let (table, _) = self.compact_now(table, &policy, stats).await;
-        self.compact_mark = compact::Mark::of(&table);
-        table
-    }
-
-    /// One compaction of `table` under `policy`, here and now; returns the table as it is afterwards and whether
-    /// anything was compacted, and counts what it did in `stats`. Best effort, like [`Self::compact_when_due`].
-    async fn compact_now(&mut self, table: Table, policy: &compact::Policy, stats: &mut MaintenanceStats) -> (Table, bool) {
-        let started = Instant::now();
-        let result = compact::compact(&self.catalog, &self.cfg, &table, policy, self.memory_budget / 4).await;
-        stats.compact_seconds += started.elapsed().as_secs_f64();
-        match result {
-            Ok(Some((after, c))) => {
-                stats.compactions += 1;
-                stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
-                stats.bytes_rewritten += c.bytes_rewritten;
-                tracing::info!(
-                    table = %self.cfg.table, data_files = c.data_files_rewritten, delete_files = c.delete_files_removed,
-                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds = started.elapsed().as_secs_f64(),
-                    "compacted the target"
-                );
-                // rebased over another writer's commits: the next commit must meet them through its own conflict
-                // check (which compares progress), not start from a head that already holds them
-                (if sits_on(&after, &table) { after } else { table }, true)
-            }
-            Ok(None) => (table, false),
-            Err(e) => {
-                stats.compact_failures += 1;
-                tracing::warn!(table = %self.cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later");
-                (table, false)
-            }
-        }
-    }
-
-    /// Counts a finished background compaction in `stats`, and starts one on `table` when due and none runs (see
-    /// [`Lifetime::LongRunning`]): it rewrites on its own task, within a quarter of the memory budget and with at most
-    /// [`compactions_at_once`] running in the process, and commits through the gate (rebased on the applier's commits
-    /// since, see `compact::commit`). Best effort, like [`Self::compact_when_due`].
-    fn compact_in_background(&mut self, table: &Table, stats: &mut MaintenanceStats) {
-        self.collect_compaction(stats);
-        let policy = compact::Policy::of(&self.cfg);
-        if self.compaction.is_some() || !compact::due(self.compact_mark, compact::Mark::of(table), &policy) {
-            return;
-        }
-        self.compact_mark = compact::Mark::of(table);
-        self.start_compaction(table, policy, false);
-    }
-
-    /// Starts a compaction of `table` under `policy` on its own task (see [`Self::compact_in_background`]);
-    /// `at_rest`: one of [`Sink::rest`]'s passes.
-    fn start_compaction(&mut self, table: &Table, policy: compact::Policy, at_rest: bool) {
-        let planned = compact::Mark::of(table);
-        let (catalog, cfg, table, gate, budget) = (self.catalog.clone(), self.cfg.clone(), table.clone(), self.gate.clone(), self.memory_budget / 4);
-        self.compaction = Some(tokio::spawn(async move {
-            let _slot = compactions_at_once().acquire().await;
-            let started = Instant::now();
-            let result = async {
-                let Some(rewritten) = compact::rewrite(&cfg, &table, &policy, budget).await? else {
-                    if at_rest {
-                        // nothing (more) to compact: a target at rest gets its manifests merged too
-                        let mut gate = gate.lock().await;
-                        let now = catalog.load_table(&cfg.table).await?;
-                        let after = maintain::rewrite_manifests(&catalog, &cfg, now.clone()).await?;
-                        if after.metadata().current_snapshot_id() != now.metadata().current_snapshot_id() {
-                            *gate = Some(after);
-                        }
-                    }
-                    return Ok(None);
-                };
-                let mut gate = gate.lock().await;
-                let now = catalog.load_table(&cfg.table).await?;
-                let Some((after, c)) = compact::commit(&catalog, &cfg, rewritten, now).await? else { return Ok(None) };
-                let mark = compact::Mark::of(&after);
-                *gate = Some(after);
-                Ok(Some((mark, c)))
-            }
-            .await;
-            let seconds = started.elapsed().as_secs_f64();
-            match &result {
-                Ok(Some((_, c))) => tracing::info!(
-                    table = %cfg.table, data_files = c.data_files_rewritten, delete_files = c.delete_files_removed,
-                    written = c.data_files_written, bytes = c.bytes_rewritten, rows = c.rows, seconds, at_rest, "compacted the target in the background"
-                ),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(table = %cfg.table, error = %e, "compaction failed; replication goes on, compaction is tried again later"),
-            }
-            Background { result, seconds, rested_at: at_rest.then_some(planned) }
-        }));
-    }
-
-    /// The snapshots an applier commit on `target` should remove as well, when an expiry is due (see
-    /// `expire::due_now`); none while the last expiry's files are still being deleted in the background.
-    fn expiring(&self, target: &Table) -> Vec<SnapshotRef> {
-        if !self.cfg.expire_snapshots || self.deletion.as_ref().is_some_and(|t| !t.is_finished()) {
-            return Vec::new();
-        }
-        // this commit's snapshot becomes the head: it is one of the `retain_snapshots`
-        let retention = expire::Retention { max_age: self.cfg.snapshot_retention, min_snapshots: self.cfg.retain_snapshots, new_head: true };
-        let meta = target.metadata();
-        expire::due_now(meta, &retention, false).unwrap_or_default().into_iter().filter_map(|id| meta.snapshot_by_id(id).cloned()).collect()
-    }
-
-    /// An applier commit removed old snapshots: deletes what only they referenced — on its own task beside the next
-    /// commits in the service ([`Lifetime::LongRunning`]: reading every remaining snapshot's manifest list is most
-    /// of an expiry's time), here otherwise.
-    async fn expired(&mut self, expiry: expire::Expiry, stats: &mut MaintenanceStats) {
-        self.collect_deletion(stats);
-        stats.snapshots_expired += expiry.snapshots() as u64;
-        let name = self.cfg.table.clone();
-        let deletion = async move {
-            let started = Instant::now();
-            let deleted = expiry.delete_unreachable().await;
-            match &deleted {
-                Ok(e) => tracing::info!(
-                    table = %name, snapshots = e.snapshots, manifest_lists = e.manifest_lists, manifests = e.manifests,
-                    files = e.files, "expired old target snapshots and deleted the files only they referenced"
-                ),
-                Err(e) => {
-                    tracing::warn!(table = %name, error = %e, "deleting the files of expired snapshots failed; they stay as orphans for the sweep")
-                }
-            }
-            (deleted, started.elapsed().as_secs_f64())
-        };
-        if self.long_running {
-            self.deletion = Some(tokio::spawn(deletion));
-        } else {
-            count_deletion(deletion.await, stats);
-        }
-    }
-
-    /// Counts the background deletion of an expiry's files in `stats` if it has finished.
-    fn collect_deletion(&mut self, stats: &mut MaintenanceStats) {
-        let Some(done) = self.deletion.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
-        match done {
-            Ok(deleted) => count_deletion(deleted, stats),
-            Err(e) => {
-                stats.failures += 1;
-                tracing::warn!(table = %self.cfg.table, error = %e, "the background deletion of expired files ended abnormally");
-            }
-        }
-    }
-
-    /// Counts the background compaction in `stats` if it has finished.
-    fn collect_compaction(&mut self, stats: &mut MaintenanceStats) {
-        let Some(done) = self.compaction.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
-        match done {
-            Ok(Background { result: Ok(Some((mark, c))), seconds, .. }) => {
-                stats.compactions += 1;
-                stats.compact_seconds += seconds;
-                stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
-                stats.bytes_rewritten += c.bytes_rewritten;
-                self.compact_mark = mark;
-            }
-            // a pass at rest that found nothing to do (or failed) ends the rest until the table changes
-            Ok(Background { result: Ok(None), seconds, rested_at }) => {
-                stats.compact_seconds += seconds;
-                if let Some(mark) = rested_at {
-                    self.rested(mark);
-                }
-            }
-            Ok(Background { result: Err(_), seconds, rested_at }) => {
-                stats.compact_seconds += seconds;
-                stats.compact_failures += 1;
-                self.rested_at = rested_at.or(self.rested_at);
-            }
-            Err(e) => {
-                stats.compact_failures += 1;
-                tracing::warn!(table = %self.cfg.table, error = %e, "the background compaction ended abnormally");
-            }
-        }
-    }
-
-    /// Deletes the target's orphan files older than `orphan_grace` once every `orphan_sweep_interval` (best effort:
-    /// a failure is logged and counted, and the sweep is tried again at the next interval).
-    async fn sweep_when_due(&mut self, table: &Table, stats: &mut MaintenanceStats) {
-        let every = self.cfg.orphan_sweep_interval;
-        if every.is_zero() || self.swept_at.elapsed() < every {
-            return;
-        }
-        self.swept_at = Instant::now();
-        match crate::sink::iceberg::maintain::remove_orphans(&self.catalog, table, self.cfg.orphan_grace).await {
-            Ok((deleted, young)) => {
-                stats.orphans_deleted += deleted as u64;
-                tracing::info!(table = %self.cfg.table, deleted, younger_than_grace = young, "swept the target for orphan files");
-            }
-            Err(e) => {
-                stats.orphan_failures += 1;
-                tracing::warn!(table = %self.cfg.table, error = %e, "the orphan file sweep failed; it is tried again at the next interval");
-            }
-        }
-    }
-}
-
-/// Counts a finished deletion of an expiry's files (what it deleted, its seconds) in `stats`.
-fn count_deletion((deleted, seconds): (Result<expire::Expired>, f64), stats: &mut MaintenanceStats) {
-    stats.expire_seconds += seconds;
-    match deleted {
-        Ok(e) => stats.files_deleted += (e.manifest_lists + e.manifests + e.files) as u64,
-        Err(_) => stats.failures += 1,
-    }
-}
-
-/// Whether `compacted`'s head is a compaction committed directly on `head`'s head. Only then may the applier commit
-/// on it as if on its own head: a compaction rebased over other writers' commits carries their progress, which an
-/// applier commit planned before them must meet through its conflict check, or it would apply their ranges again.
-fn sits_on(compacted: &Table, head: &Table) -> bool {
-    compacted.metadata().current_snapshot().and_then(|s| s.parent_snapshot_id()) == head.metadata().current_snapshot_id()
-}
-
 /// The gate of `cfg`'s target table, shared by every sink of this process that writes it while any holds it: after
 /// a configuration reload the new sink's commits wait for a background compaction the old one left running, and two
 /// pipelines writing one table never race each other's commits.
@@ -700,21 +482,6 @@ fn gate_for(cfg: &TargetConfig) -> Arc<tokio::sync::Mutex<Option<Table>>> {
     let g = Arc::new(Gate::default());
     gates.insert(key, Arc::downgrade(&g));
     g
-}
-
-/// What a background compaction did, and how long it took.
-struct Background {
-    result: Result<Option<(compact::Mark, compact::Compacted)>>,
-    seconds: f64,
-    /// A pass at rest's ([`Sink::rest`]): the file totals of the table it planned on.
-    rested_at: Option<compact::Mark>,
-}
-
-/// Background compactions that rewrite at once in this process (half the cores, at least one): each holds a quarter
-/// of its pipeline's memory budget, and the applier's runs need the rest of the machine.
-fn compactions_at_once() -> &'static tokio::sync::Semaphore {
-    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    SLOTS.get_or_init(|| tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1)))
 }
 
 /// One commit request sent to the catalog (or about to be), remembered until the commit ends.
@@ -809,23 +576,20 @@ fn row_delta(
     }
 }
 
+#[async_trait::async_trait]
 impl Sink for IcebergSink {
     fn label(&self) -> String {
         format!("iceberg:{}", self.cfg.table)
     }
 
-    fn snapshots_per_commit(&self) -> Option<usize> {
-        self.cfg.snapshots_per_commit
+    /// Reserves the writers' share, a quarter of the budget (row groups being built, dictionaries, open files); rows
+    /// may come group by group (a commit's equality deletes and rows apply whole, each key's together).
+    fn profile(&self) -> Profile {
+        Profile { initial: Initial::Copy, snapshots_per_commit: self.snapshots_per_commit, reserved_memory: self.memory_budget / 4, needs_key_order: false }
     }
 
-    /// The writers' share: a quarter of the budget (row groups being built, dictionaries, open files).
-    fn reserved_memory(&self) -> u64 {
-        self.memory_budget / 4
-    }
-
-    /// A commit's equality deletes and rows apply whole: rows may come group by group (each key's together).
-    fn needs_key_order(&self) -> bool {
-        false
+    fn upkeep(&mut self) -> Option<&mut dyn Upkeep> {
+        Some(self)
     }
 
     /// A removed row becomes an equality delete: its equality columns, written in the partition of the row (the
@@ -845,158 +609,95 @@ impl Sink for IcebergSink {
 
     /// The table's metadata location, where the catalog tells it without loading the metadata; unknown while a
     /// finished background compaction or deletion of expired files waits to be counted (the poll then reaches
-    /// [`Sink::take_maintenance`]).
-    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
-        async move {
-            if self.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.deletion.as_ref().is_some_and(|t| t.is_finished()) {
-                return Ok(None);
-            }
-            self.catalog.cheap_metadata_location(&self.cfg.table).await
+    /// [`Upkeep::take_maintenance`]).
+    async fn mark(&mut self) -> Result<Option<String>> {
+        if self.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.deletion.as_ref().is_some_and(|t| t.is_finished()) {
+            return Ok(None);
         }
-        .boxed()
+        self.catalog.cheap_metadata_location(&self.cfg.table).await
     }
 
-    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
-        async move {
-            // the table this sink holds (its own last commit, or the last load) is the head when the catalog's cheap
-            // mark names its metadata file (metadata files never change): no load — a streaming poll's commit then
-            // costs one target load less. Not on REST: a load there also renews vended storage credentials.
-            if let Some(t) = self.table.as_ref().filter(|_| !matches!(*self.catalog, Catalog::Rest(_))) {
-                let held = t.metadata_location().map(super::maintain::normalize);
-                let current = self.catalog.cheap_metadata_location(&self.cfg.table).await.ok().flatten();
-                if held.is_some() && current.as_deref().map(super::maintain::normalize) == held {
-                    tracing::trace!(target_table = %self.cfg.table, "the target's head is the table this sink holds; not loaded again");
-                    return Ok(progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id));
-                }
-            }
-            match self.catalog.load_table(&self.cfg.table).await {
-                Ok(t) => {
-                    let p = progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
-                    self.table = Some(t);
-                    Ok(p)
-                }
-                Err(Error::TableNotFound { .. }) => Ok(None),
-                Err(e) => Err(e),
+    async fn recorded(&mut self, source: &SourceInfo) -> Result<Option<i64>> {
+        // the table this sink holds (its own last commit, or the last load) is the head when the catalog's cheap
+        // mark names its metadata file (metadata files never change): no load — a streaming poll's commit then
+        // costs one target load less. Not on REST: a load there also renews vended storage credentials.
+        if let Some(t) = self.table.as_ref().filter(|_| !matches!(*self.catalog, Catalog::Rest(_))) {
+            let held = t.metadata_location().map(super::maintain::normalize);
+            let current = self.catalog.cheap_metadata_location(&self.cfg.table).await.ok().flatten();
+            if held.is_some() && current.as_deref().map(super::maintain::normalize) == held {
+                tracing::trace!(target_table = %self.cfg.table, "the target's head is the table this sink holds; not loaded again");
+                return Ok(progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id));
             }
         }
-        .boxed()
+        match self.catalog.load_table(&self.cfg.table).await {
+            Ok(t) => {
+                let p = progress::read(t.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+                self.table = Some(t);
+                Ok(p)
+            }
+            Err(Error::TableNotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
-    fn prepare<'a>(&'a mut self, source: &'a SourceInfo, schema: &'a SchemaRef, bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
-        async move {
-            self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
-            self.recreate = None;
-            // the table `recorded` just loaded, if it exists: no second load
-            let existing = self.table.take();
-            let t = target::ensure(&self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
-            self.created |= t.created;
-            let recorded = progress::read(t.table.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
-            if bootstrap && recorded.is_none() {
-                let rows = t.table.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
-                if rows.as_deref().is_some_and(|n| n != "0") {
-                    if let Some((uuid, snapshot)) = progress::dropped_source(t.table.metadata(), &source.uuid, &source.name) {
-                        if source.on_history_rewrite == crate::config::OnHistoryRewrite::Stop {
-                            return Err(Error::HistoryRewritten {
-                                table: source.name.clone(),
-                                target: self.label(),
-                                kind: crate::sink::RewriteKind::Recreate.as_str(),
-                                from: format!("{snapshot} of the dropped table {uuid}"),
-                                to: source.metadata.current_snapshot_id().unwrap_or_default(),
-                            });
-                        }
-                        tracing::warn!(
-                            target_table = %self.cfg.table, source = %source.name, dropped_uuid = %uuid, new_uuid = %source.uuid,
-                            "the source table was dropped and created again under its name: the target's rows are replaced by a copy of the new table in one commit"
-                        );
-                        self.recreate = Some((uuid, snapshot));
-                        self.table = Some(t.table);
-                        self.map = t.map;
-                        return Ok(recorded);
+    async fn prepare(&mut self, source: &SourceInfo, schema: &SchemaRef, bootstrap: bool) -> Result<Option<i64>> {
+        self.equality_ids = target::equality_ids(&source.names_schema, self.cfg.equality_columns.as_deref(), &source.key_ids)?;
+        self.recreate = None;
+        // the table `recorded` just loaded, if it exists: no second load
+        let existing = self.table.take();
+        let t = target::ensure(&self.catalog, &self.cfg.table, existing, &source.metadata, schema, &source.key_ids, self.cfg.format_version).await?;
+        self.created |= t.created;
+        let recorded = progress::read(t.table.metadata(), &source.uuid).map(|p| p.source_snapshot_id);
+        if bootstrap && recorded.is_none() {
+            let rows = t.table.metadata().current_snapshot().and_then(|s| s.summary().additional_properties.get("total-records").cloned());
+            if rows.as_deref().is_some_and(|n| n != "0") {
+                if let Some((uuid, snapshot)) = progress::dropped_source(t.table.metadata(), &source.uuid, &source.name) {
+                    if source.on_history_rewrite == crate::config::OnHistoryRewrite::Stop {
+                        return Err(Error::HistoryRewritten {
+                            table: source.name.clone(),
+                            target: self.label(),
+                            kind: crate::sink::RewriteKind::Recreate.as_str(),
+                            from: format!("{snapshot} of the dropped table {uuid}"),
+                            to: source.metadata.current_snapshot_id().unwrap_or_default(),
+                        });
                     }
-                    return Err(Error::Range(format!(
-                        "the target `{}` already holds rows but has no progress for `{}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
-                        self.cfg.table, source.name
-                    )));
+                    tracing::warn!(
+                        target_table = %self.cfg.table, source = %source.name, dropped_uuid = %uuid, new_uuid = %source.uuid,
+                        "the source table was dropped and created again under its name: the target's rows are replaced by a copy of the new table in one commit"
+                    );
+                    self.recreate = Some((uuid, snapshot));
+                    self.table = Some(t.table);
+                    self.map = t.map;
+                    return Ok(recorded);
                 }
-            }
-            self.table = Some(t.table);
-            self.map = t.map;
-            Ok(recorded)
-        }
-        .boxed()
-    }
-
-    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>> {
-        self.do_begin(source, chunk).boxed()
-    }
-
-    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>> {
-        async move {
-            let open = self.open.as_mut().ok_or_else(|| Error::Internal("write without begin".into()))?;
-            open.writer.write_changes(&batch).await
-        }
-        .boxed()
-    }
-
-    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>> {
-        self.do_commit(source, stop).boxed()
-    }
-
-    fn abort(&mut self) -> BoxFuture<'_, ()> {
-        async move {
-            if let (Some(open), Some(table)) = (self.open.take(), self.table.as_ref()) {
-                remove_unreferenced(table.file_io(), open.writer.abort().await).await;
+                return Err(Error::Range(format!(
+                    "the target `{}` already holds rows but has no progress for `{}`: give --from-snapshot to apply only changes after a source snapshot, or empty the target",
+                    self.cfg.table, source.name
+                )));
             }
         }
-        .boxed()
+        self.table = Some(t.table);
+        self.map = t.map;
+        Ok(recorded)
     }
 
-    /// A background compaction that finished since the last commit or the last call, and the compactions at rest.
-    fn take_maintenance(&mut self) -> MaintenanceStats {
-        let mut stats = std::mem::take(&mut self.rest_stats);
-        self.collect_compaction(&mut stats);
-        self.collect_deletion(&mut stats);
-        stats
+    async fn begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {
+        self.do_begin(source, chunk).await
     }
 
-    fn rest_after(&self) -> Option<std::time::Duration> {
-        (self.cfg.compact && !self.cfg.compact_idle_after.is_zero()).then_some(self.cfg.compact_idle_after)
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        let open = self.open.as_mut().ok_or_else(|| Error::Internal("write without begin".into()))?;
+        open.writer.write_changes(&batch).await
     }
 
-    /// Compacts the target completely (`compact::Policy::at_rest`), a pass per call — in the background where
-    /// the service compacts there, here otherwise — until a pass finds nothing to do on the table as it is; then
-    /// merges its manifests (as `cdc maintain` does), and the rest is over.
-    fn rest(&mut self) -> BoxFuture<'_, Result<Rest>> {
-        async move {
-            if self.compaction.is_some() {
-                return Ok(Rest::Working); // running, or finished and waiting for `take_maintenance`
-            }
-            let Some(table) = self.table.clone().filter(|_| self.cfg.compact) else { return Ok(Rest::Done) };
-            let mark = compact::Mark::of(&table);
-            if self.rested_at == Some(mark) {
-                return Ok(Rest::Done);
-            }
-            let policy = compact::Policy::at_rest(&self.cfg);
-            if self.background {
-                self.start_compaction(&table, policy, true);
-                return Ok(Rest::Working);
-            }
-            let mut stats = std::mem::take(&mut self.rest_stats);
-            let (mut table, compacted) = self.compact_now(table, &policy, &mut stats).await;
-            self.rest_stats = stats;
-            if !compacted {
-                // nothing (more) to compact: the manifests are merged too, and the rest is over
-                match maintain::rewrite_manifests(&self.catalog, &self.cfg, table.clone()).await {
-                    Ok(t) => table = t,
-                    Err(e) => tracing::warn!(table = %self.cfg.table, error = %e, "merging the manifests of a target at rest failed"),
-                }
-                self.rested(compact::Mark::of(&table));
-            }
-            self.compact_mark = compact::Mark::of(&table);
-            self.table = Some(table);
-            Ok(if compacted { Rest::Working } else { Rest::Done })
+    async fn commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
+        self.do_commit(source, stop).await
+    }
+
+    async fn abort(&mut self) {
+        if let (Some(open), Some(table)) = (self.open.take(), self.table.as_ref()) {
+            remove_unreferenced(table.file_io(), open.writer.abort().await).await;
         }
-        .boxed()
     }
 
     fn retries(&self) -> u32 {

@@ -174,7 +174,7 @@ async fn manifest_count(table: &Table) -> Result<usize> {
 }
 
 /// Step 1: merges the current snapshot's small manifests in a `replace` commit; returns the table after it (the
-/// same table when there was nothing to merge). Also the last step of a target's rest (`Sink::rest`).
+/// same table when there was nothing to merge). Also the last step of a target's rest (`Upkeep::rest`).
 pub(crate) async fn rewrite_manifests(catalog: &Catalog, cfg: &TargetConfig, mut table: Table) -> Result<Table> {
     for attempt in 1..=cfg.commit_retries.max(1) {
         if table.metadata().current_snapshot().is_none() {

@@ -20,8 +20,6 @@ use std::time::Duration;
 
 use ::iceberg::spec::SchemaRef;
 use arrow_array::RecordBatch;
-use futures::future::BoxFuture;
-use futures::FutureExt;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -33,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{KafkaConfig, KafkaInitial};
 use crate::error::{Error, Result};
-use crate::sink::{Chunk, CommitStats, Committed, Initial, Sink, SourceInfo};
+use crate::sink::{Chunk, CommitStats, Committed, Initial, Profile, Sink, SourceInfo};
 use auth::KafkaContext;
 use encode::{headers, Encoder, Message, SourceMeta};
 
@@ -417,164 +415,148 @@ impl KafkaSink {
     }
 }
 
+#[async_trait::async_trait]
 impl Sink for KafkaSink {
     fn label(&self) -> String {
         format!("kafka:{}", if self.topic.is_empty() { self.cfg.topic.clone() } else { self.topic.clone() })
     }
 
-    /// The producer's queue and encoded batches: [`KAFKA_SHARE`] of the budget.
-    fn reserved_memory(&self) -> u64 {
-        crate::config::share_of(self.memory_budget, KAFKA_SHARE)
-    }
-
-    fn initial(&self) -> Initial {
-        match self.cfg.initial {
-            KafkaInitial::Snapshot => Initial::Copy,
-            KafkaInitial::Earliest => Initial::Beginning,
-            // `recorded` writes the current snapshot as progress before anything else
-            KafkaInitial::Latest => Initial::Copy,
+    /// Reserves the producer's queue and encoded batches ([`KAFKA_SHARE`] of the budget); rows come in key order (a
+    /// restart resumes inside a snapshot by counting rows); every new snapshot of a poll in one transaction.
+    fn profile(&self) -> Profile {
+        Profile {
+            initial: match self.cfg.initial {
+                KafkaInitial::Snapshot => Initial::Copy,
+                KafkaInitial::Earliest => Initial::Beginning,
+                // `recorded` writes the current snapshot as progress before anything else
+                KafkaInitial::Latest => Initial::Copy,
+            },
+            snapshots_per_commit: self.cfg.snapshots_per_commit.unwrap_or(crate::sink::MAX_SNAPSHOTS_PER_COMMIT),
+            reserved_memory: crate::config::share_of(self.memory_budget, KAFKA_SHARE),
+            needs_key_order: true,
         }
-    }
-
-    fn snapshots_per_commit(&self) -> Option<usize> {
-        Some(self.cfg.snapshots_per_commit.unwrap_or(1000))
     }
 
     /// The progress this instance wrote last (it fenced every other one when it connected); `None` before it
     /// connected.
-    fn mark(&mut self) -> BoxFuture<'_, Result<Option<String>>> {
+    async fn mark(&mut self) -> Result<Option<String>> {
         let mark = self.producer.as_ref().and(self.progress.as_ref()).map(|p| format!("{:?}+{}", p.snapshot_id, p.partial_rows));
-        async move { Ok(mark) }.boxed()
+        Ok(mark)
     }
 
-    fn recorded<'a>(&'a mut self, source: &'a SourceInfo) -> BoxFuture<'a, Result<Option<i64>>> {
-        async move {
-            let (ns, table) = source.name.rsplit_once('.').unwrap_or(("", source.name.as_str()));
-            self.topic = self.cfg.topic.replace("{namespace}", ns).replace("{table}", table).replace("{pipeline}", &self.pipeline);
-            if self.producer.is_some() && self.progress.is_some() {
-                // this instance fenced every other one when it connected: what it wrote last is the progress
-                return Ok(self.progress_snapshot());
-            }
-            self.connect().await?;
-            let mut progress = self.read_progress().await?;
-            if let Some(p) = &progress {
-                if p.source_uuid != source.uuid {
-                    return Err(Error::Range(format!(
-                        "the progress of `{}` in {} belongs to another table (uuid {}, `{}` is {}): the source was recreated; use another transactional_id/pipeline name or delete the progress record",
-                        self.pipeline, self.cfg.progress_topic, p.source_uuid, source.name, source.uuid
-                    )));
-                }
-                // Two pipelines of one name (`cdc sync` names its pipeline after the source table) publishing to
-                // different topics would share this record: the second would take the first's progress as its own
-                // and skip what its topic never got.
-                if let Some(theirs) = p.topic.as_deref().filter(|t| *t != self.cfg.topic) {
-                    return Err(Error::Range(format!(
-                        "the progress of `{}` in {} is that of another destination (topic `{theirs}`, this pipeline publishes to `{}`): two pipelines of one source share it; give this one its own `progress_topic` (or, in the service, its own pipeline name)",
-                        self.pipeline, self.cfg.progress_topic, self.cfg.topic
-                    )));
-                }
-            }
-            if progress.is_none() && self.cfg.initial == KafkaInitial::Latest {
-                // start after the current snapshot, durably, before any change is read
-                if let Some(cur) = source.metadata.current_snapshot() {
-                    let at = (cur.snapshot_id(), cur.sequence_number());
-                    let p = Progress::at(source, Some(at), 0, &self.cfg.topic);
-                    self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
-                    self.progress_record(&p)?;
-                    self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
-                    self.transactions += 1;
-                    // what was just committed (reading it back right away can race a new topic's leader election)
-                    progress = Some(p);
-                }
-            }
-            tracing::debug!(pipeline = %self.pipeline, progress = ?progress, "Kafka sink progress");
-            self.progress = progress;
-            Ok(self.progress.as_ref().and_then(|p| p.snapshot_id))
+    async fn recorded(&mut self, source: &SourceInfo) -> Result<Option<i64>> {
+        let (ns, table) = source.name.rsplit_once('.').unwrap_or(("", source.name.as_str()));
+        self.topic = self.cfg.topic.replace("{namespace}", ns).replace("{table}", table).replace("{pipeline}", &self.pipeline);
+        if self.producer.is_some() && self.progress.is_some() {
+            // this instance fenced every other one when it connected: what it wrote last is the progress
+            return Ok(self.progress_snapshot());
         }
-        .boxed()
+        self.connect().await?;
+        let mut progress = self.read_progress().await?;
+        if let Some(p) = &progress {
+            if p.source_uuid != source.uuid {
+                return Err(Error::Range(format!(
+                    "the progress of `{}` in {} belongs to another table (uuid {}, `{}` is {}): the source was recreated; use another transactional_id/pipeline name or delete the progress record",
+                    self.pipeline, self.cfg.progress_topic, p.source_uuid, source.name, source.uuid
+                )));
+            }
+            // Two pipelines of one name (`cdc sync` names its pipeline after the source table) publishing to
+            // different topics would share this record: the second would take the first's progress as its own
+            // and skip what its topic never got.
+            if let Some(theirs) = p.topic.as_deref().filter(|t| *t != self.cfg.topic) {
+                return Err(Error::Range(format!(
+                    "the progress of `{}` in {} is that of another destination (topic `{theirs}`, this pipeline publishes to `{}`): two pipelines of one source share it; give this one its own `progress_topic` (or, in the service, its own pipeline name)",
+                    self.pipeline, self.cfg.progress_topic, self.cfg.topic
+                )));
+            }
+        }
+        if progress.is_none() && self.cfg.initial == KafkaInitial::Latest {
+            // start after the current snapshot, durably, before any change is read
+            if let Some(cur) = source.metadata.current_snapshot() {
+                let at = (cur.snapshot_id(), cur.sequence_number());
+                let p = Progress::at(source, Some(at), 0, &self.cfg.topic);
+                self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
+                self.progress_record(&p)?;
+                self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
+                self.transactions += 1;
+                // what was just committed (reading it back right away can race a new topic's leader election)
+                progress = Some(p);
+            }
+        }
+        tracing::debug!(pipeline = %self.pipeline, progress = ?progress, "Kafka sink progress");
+        self.progress = progress;
+        Ok(self.progress.as_ref().and_then(|p| p.snapshot_id))
     }
 
-    fn prepare<'a>(&'a mut self, _source: &'a SourceInfo, _schema: &'a SchemaRef, _bootstrap: bool) -> BoxFuture<'a, Result<Option<i64>>> {
+    async fn prepare(&mut self, _source: &SourceInfo, _schema: &SchemaRef, _bootstrap: bool) -> Result<Option<i64>> {
         // nobody else writes this pipeline's progress: the producer fenced every older instance
-        async move { Ok(self.progress.as_ref().and_then(|p| p.snapshot_id)) }.boxed()
+        Ok(self.progress.as_ref().and_then(|p| p.snapshot_id))
     }
 
-    fn begin<'a>(&'a mut self, source: &'a SourceInfo, chunk: &'a Chunk) -> BoxFuture<'a, Result<()>> {
-        async move {
-            let (ns, table) = source.name.rsplit_once('.').unwrap_or(("", source.name.as_str()));
-            let mut enc = Encoder::new(
-                self.cfg.format,
-                self.cfg.tombstones,
-                self.cfg.schemas_enable,
-                SourceMeta { namespace: ns.to_string(), table: table.to_string() },
-                source.key_ids.clone(),
-            );
-            enc.set_snapshot(chunk.bootstrap);
-            self.encoder = Some(enc);
-            self.open_source = Some(source.clone());
-            let base_seq = chunk.base.and_then(|b| source.metadata.snapshot_by_id(b)).map(|s| s.sequence_number());
-            let skip = match &self.progress {
-                Some(p) if p.snapshot_id == chunk.base => p.partial_rows,
-                _ => 0,
-            };
-            self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
-            self.open = Some(Open {
-                last: (chunk.last().snapshot_id(), chunk.last().sequence_number()),
-                base: chunk.base,
-                base_seq,
-                rows_done: 0,
-                skip,
-                skipping_last: false,
-                rows_in_txn: 0,
-                bytes_in_txn: 0,
-                stats: CommitStats::default(),
-                started: std::time::Instant::now(),
-                resync: chunk.rewrite.as_ref().map(|r| r.kind.as_str()),
-            });
-            Ok(())
+    async fn begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {
+        let (ns, table) = source.name.rsplit_once('.').unwrap_or(("", source.name.as_str()));
+        let mut enc = Encoder::new(
+            self.cfg.format,
+            self.cfg.tombstones,
+            self.cfg.schemas_enable,
+            SourceMeta { namespace: ns.to_string(), table: table.to_string() },
+            source.key_ids.clone(),
+        );
+        enc.set_snapshot(chunk.bootstrap);
+        self.encoder = Some(enc);
+        self.open_source = Some(source.clone());
+        let base_seq = chunk.base.and_then(|b| source.metadata.snapshot_by_id(b)).map(|s| s.sequence_number());
+        let skip = match &self.progress {
+            Some(p) if p.snapshot_id == chunk.base => p.partial_rows,
+            _ => 0,
+        };
+        self.blocking("begin_transaction", |p| p.begin_transaction()).await?;
+        self.open = Some(Open {
+            last: (chunk.last().snapshot_id(), chunk.last().sequence_number()),
+            base: chunk.base,
+            base_seq,
+            rows_done: 0,
+            skip,
+            skipping_last: false,
+            rows_in_txn: 0,
+            bytes_in_txn: 0,
+            stats: CommitStats::default(),
+            started: std::time::Instant::now(),
+            resync: chunk.rewrite.as_ref().map(|r| r.kind.as_str()),
+        });
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        let source = self.open_source.clone();
+        self.write_batch(batch, source.as_ref()).await
+    }
+
+    async fn commit(&mut self, source: &SourceInfo, stop: Option<&tokio::sync::watch::Receiver<bool>>) -> Result<Committed> {
+        let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
+        if stop.is_some_and(|s| *s.borrow()) {
+            self.open = Some(open);
+            self.abort().await;
+            return Err(Error::Cancelled);
         }
-        .boxed()
+        // rows still to skip reach into the next chunk (a restart planned shorter chunks than before)
+        let progress = Progress::at(source, Some(open.last), open.skip, &self.cfg.topic);
+        self.progress_record(&progress)?;
+        self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
+        self.transactions += 1;
+        self.progress = Some(progress);
+        let mut stats = open.stats;
+        stats.seconds = open.started.elapsed().as_secs_f64();
+        Ok(Committed::Done { id: open.last.0, stats })
     }
 
-    fn write(&mut self, batch: RecordBatch) -> BoxFuture<'_, Result<()>> {
-        async move {
-            let source = self.open_source.clone();
-            self.write_batch(batch, source.as_ref()).await
-        }
-        .boxed()
-    }
-
-    fn commit<'a>(&'a mut self, source: &'a SourceInfo, stop: Option<&'a tokio::sync::watch::Receiver<bool>>) -> BoxFuture<'a, Result<Committed>> {
-        async move {
-            let open = self.open.take().ok_or_else(|| Error::Internal("commit without begin".into()))?;
-            if stop.is_some_and(|s| *s.borrow()) {
-                self.open = Some(open);
-                self.abort().await;
-                return Err(Error::Cancelled);
-            }
-            // rows still to skip reach into the next chunk (a restart planned shorter chunks than before)
-            let progress = Progress::at(source, Some(open.last), open.skip, &self.cfg.topic);
-            self.progress_record(&progress)?;
-            self.blocking("commit_transaction", |p| p.commit_transaction(TXN_TIMEOUT)).await?;
-            self.transactions += 1;
-            self.progress = Some(progress);
-            let mut stats = open.stats;
-            stats.seconds = open.started.elapsed().as_secs_f64();
-            Ok(Committed::Done { id: open.last.0, stats })
-        }
-        .boxed()
-    }
-
-    fn abort(&mut self) -> BoxFuture<'_, ()> {
-        async move {
-            if self.open.take().is_some() && self.producer.is_some() {
-                self.aborts += 1;
-                if let Err(e) = self.blocking("abort_transaction", |p| p.abort_transaction(TXN_TIMEOUT)).await {
-                    tracing::warn!(error = %e, "aborting the Kafka transaction failed; the broker aborts it after transaction.timeout.ms");
-                }
+    async fn abort(&mut self) {
+        if self.open.take().is_some() && self.producer.is_some() {
+            self.aborts += 1;
+            if let Err(e) = self.blocking("abort_transaction", |p| p.abort_transaction(TXN_TIMEOUT)).await {
+                tracing::warn!(error = %e, "aborting the Kafka transaction failed; the broker aborts it after transaction.timeout.ms");
             }
         }
-        .boxed()
     }
 
     fn retries(&self) -> u32 {
