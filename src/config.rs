@@ -1,5 +1,6 @@
 //! Configuration: parse (serde, unknown keys rejected) → validate (pure, every problem reported at once) → build
-//! (the catalog modules touch the network).
+//! (the catalog modules touch the network). Each catalog backend checks its own keys (`catalog::<backend>::validate`,
+//! reached through `CatalogConfig::validate`): this module knows no backend.
 //! Size: ~670 lines of code (every section's parse and validate rules) and ~170 of unit tests.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -458,33 +459,13 @@ pub enum CatalogType {
     Sql,
     /// An Iceberg REST catalog.
     Rest,
-    /// Google BigLake's Iceberg REST catalog: `project`, `location`, `warehouse` (see [`CatalogConfig::rest_props`]).
+    /// Google BigLake's Iceberg REST catalog: `project`, `location`, `warehouse` (the REST client's settings derive
+    /// from them).
     Biglake,
     /// A Hive Metastore: `uri = "thrift://HOST:PORT"`, optional `warehouse` (where new databases go).
     Hive,
     /// The AWS Glue Data Catalog: `region`, optional `endpoint`, `catalog-id`, credentials, `warehouse`.
     Glue,
-}
-
-/// Keys of the `biglake` catalog shorthand.
-pub mod biglake {
-    /// The Google Cloud project (BigLake).
-    pub const PROJECT: &str = "project";
-    /// The Google Cloud location (BigLake).
-    pub const LOCATION: &str = "location";
-    /// The global endpoint (`location = "global"`, the default).
-    pub const GLOBAL_URI: &str = "https://biglake.googleapis.com/iceberg/v1/restcatalog";
-    /// Header that bills requests to (and checks quota of) the project.
-    pub const USER_PROJECT_HEADER: &str = "header.x-goog-user-project";
-
-    /// The REST endpoint of a BigLake location (`global`, or a region such as `us-central1`).
-    pub fn uri(location: &str) -> String {
-        if location == "global" {
-            GLOBAL_URI.to_string()
-        } else {
-            format!("https://biglake.{location}.rep.googleapis.com/iceberg/v1/restcatalog")
-        }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -834,154 +815,6 @@ fn validate_table_name(field: &str, name: &str, p: &mut Vec<String>) {
     }
 }
 
-impl CatalogConfig {
-    /// Adds the problems of this section (named `field`) to `p`.
-    pub fn validate(&self, field: &str, p: &mut Vec<String>) {
-        match self.kind {
-            CatalogType::Hadoop => {
-                if self.warehouse.as_deref().unwrap_or("").is_empty() {
-                    p.push(format!("{field}.warehouse: required for a hadoop catalog (the warehouse directory)"));
-                }
-                for k in self.props.keys() {
-                    p.push(format!("{field}.{k}: unknown key for a hadoop catalog (it only takes `warehouse`)"));
-                }
-            }
-            CatalogType::Sql => {
-                if self.warehouse.as_deref().unwrap_or("").is_empty() {
-                    p.push(format!("{field}.warehouse: required for a sql catalog (where table files live)"));
-                }
-                if let Some(uri) = self.props.get("uri") {
-                    if !uri.starts_with("sqlite:") {
-                        p.push(format!("{field}.uri: `{uri}` — only sqlite: URIs are supported"));
-                    }
-                }
-            }
-            CatalogType::Rest => {
-                match self.props.get("uri") {
-                    None => p.push(format!("{field}.uri: required for a rest catalog")),
-                    Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
-                        p.push(format!("{field}.uri: `{u}` must start with http:// or https://"))
-                    }
-                    _ => {}
-                }
-                self.validate_rest_keys(field, &[], p);
-            }
-            CatalogType::Hive => {
-                match self.props.get("uri") {
-                    None => p.push(format!("{field}.uri: required for a hive catalog (`thrift://HOST:9083`)")),
-                    Some(u) if !u.starts_with("thrift://") || u.len() == "thrift://".len() => {
-                        p.push(format!("{field}.uri: `{u}` must be thrift://HOST:PORT (the Metastore's Thrift service)"))
-                    }
-                    _ => {}
-                }
-                if let Some(v) = self.props.get(crate::catalog::hive::LOCK_TIMEOUT_KEY) {
-                    if let Err(e) = humantime::parse_duration(v) {
-                        p.push(format!("{field}.{}: `{v}` is not a duration ({e}); e.g. \"3m\" or \"30s\"", crate::catalog::hive::LOCK_TIMEOUT_KEY));
-                    }
-                }
-                for k in self.props.keys() {
-                    let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
-                    if !storage
-                        && ![
-                            "uri",
-                            crate::catalog::hive::LOCK_TIMEOUT_KEY,
-                            crate::catalog::rest::keys::AUTH,
-                            crate::catalog::rest::keys::GOOGLE_CREDENTIALS_FILE,
-                        ]
-                        .contains(&k.as_str())
-                    {
-                        p.push(format!("{field}.{k}: unknown key for a hive catalog (it takes `uri`, `warehouse`, `lock_timeout`, `auth`, and storage properties such as `s3.*`, `gcs.*`)"));
-                    }
-                }
-            }
-            CatalogType::Glue => {
-                use crate::catalog::glue::keys;
-                if let Some(e) = self.props.get(keys::ENDPOINT) {
-                    if !(e.starts_with("http://") || e.starts_with("https://")) {
-                        p.push(format!("{field}.endpoint: `{e}` must start with https:// (or http:// for an emulator)"));
-                    }
-                }
-                if self.props.contains_key(keys::ACCESS_KEY_ID) != self.props.contains_key(keys::SECRET_ACCESS_KEY) {
-                    p.push(format!("{field}: `access-key-id` and `secret-access-key` go together"));
-                }
-                for k in self.props.keys() {
-                    let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
-                    if !storage && !keys::ALL.contains(&k.as_str()) {
-                        p.push(format!(
-                            "{field}.{k}: unknown key for a glue catalog (it takes {}, `warehouse`, and storage properties such as `s3.*`)",
-                            keys::ALL.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
-                        ));
-                    }
-                }
-            }
-            CatalogType::Biglake => {
-                match self.props.get(biglake::PROJECT) {
-                    Some(v) if !v.trim().is_empty() => {}
-                    _ => p.push(format!("{field}.project: required for a biglake catalog (the Google Cloud project id)")),
-                }
-                match self.warehouse.as_deref() {
-                    Some(w) if w.starts_with("gs://") || w.starts_with("bl://projects/") => {}
-                    Some(w) => p.push(format!("{field}.warehouse: `{w}` — BigLake takes `gs://BUCKET` or `bl://projects/PROJECT/catalogs/CATALOG`")),
-                    None => p.push(format!("{field}.warehouse: required for a biglake catalog (`gs://BUCKET` or `bl://projects/P/catalogs/C`)")),
-                }
-                if let Some(l) = self.props.get(biglake::LOCATION) {
-                    if l.is_empty() || !l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
-                        p.push(format!("{field}.location: `{l}` — `global` or a region such as `us-central1`"));
-                    }
-                }
-                self.validate_rest_keys(field, &[biglake::PROJECT, biglake::LOCATION], p);
-            }
-        }
-        if self.kind == CatalogType::Hadoop {
-            if let Some(w) = self.warehouse.as_deref().filter(|w| crate::storage::is_object_store(w)) {
-                p.push(format!("{field}.warehouse: `{w}` — a hadoop catalog works on local directories only; use a rest, biglake or sql catalog for object storage"));
-            }
-        }
-        if let Some(a) = self.props.get(crate::catalog::rest::keys::AUTH) {
-            if a != "google" {
-                p.push(format!(
-                    "{field}.auth: `{a}` — the only value is `google` (Application Default Credentials); leave it out for `token`/`credential`"
-                ));
-            }
-        }
-    }
-
-    fn validate_rest_keys(&self, field: &str, extra: &[&str], p: &mut Vec<String>) {
-        use crate::catalog::rest::keys;
-        for k in self.props.keys() {
-            let known = keys::ALL.contains(&k.as_str())
-                || extra.contains(&k.as_str())
-                || k.starts_with(keys::HEADER_PREFIX)
-                || crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
-            if !known {
-                p.push(format!(
-                    "{field}.{k}: unknown key (catalog keys: {}; `header.NAME` for HTTP headers; `gcs.*`, `s3.*` for storage)",
-                    keys::ALL.join(", ")
-                ));
-            }
-        }
-    }
-
-    /// The properties of the REST client: as given for `rest`; for `biglake` the endpoint of its location, Google
-    /// credentials, the `x-goog-user-project` header and vended storage credentials (each overridable).
-    pub fn rest_props(&self) -> std::collections::HashMap<String, String> {
-        use crate::catalog::rest::keys;
-        let mut props: std::collections::HashMap<String, String> = self.props.clone().into_iter().collect();
-        if let Some(w) = &self.warehouse {
-            props.insert(keys::WAREHOUSE.into(), w.clone());
-        }
-        if self.kind == CatalogType::Biglake {
-            let location = props.remove(biglake::LOCATION).unwrap_or_else(|| "global".into());
-            let project = props.remove(biglake::PROJECT).unwrap_or_default();
-            props.entry(keys::URI.into()).or_insert_with(|| biglake::uri(&location));
-            props.entry(keys::AUTH.into()).or_insert_with(|| "google".into());
-            props.entry(keys::VENDED_CREDENTIALS.into()).or_insert_with(|| "true".into());
-            props.entry(biglake::USER_PROJECT_HEADER.into()).or_insert(project);
-        }
-        props
-    }
-}
-
 /// Splits `a.b.table` into (namespace parts, table name).
 pub fn split_table_name(name: &str) -> (Vec<String>, String) {
     let mut parts: Vec<String> = name.split('.').map(str::to_string).collect();
@@ -1114,27 +947,6 @@ mod tests {
         assert_eq!(parse_bytes("2 GiB").unwrap(), 2 << 30);
         assert_eq!(parse_bytes("123").unwrap(), 123);
         assert!(parse_bytes("5 parsecs").is_err());
-    }
-
-    #[test]
-    fn biglake_shorthand() {
-        let cfg = Config::parse(
-            "[source]\ntable='db.t'\n[source.catalog]\ntype='biglake'\nproject='p1'\nlocation='us-central1'\nwarehouse='gs://bucket'\n",
-        )
-        .unwrap();
-        let p = cfg.source.catalog.rest_props();
-        assert_eq!(p["uri"], "https://biglake.us-central1.rep.googleapis.com/iceberg/v1/restcatalog");
-        assert_eq!(p["header.x-goog-user-project"], "p1");
-        assert_eq!((p["auth"].as_str(), p["vended-credentials"].as_str(), p["warehouse"].as_str()), ("google", "true", "gs://bucket"));
-        assert!(!p.contains_key("project") && !p.contains_key("location"));
-        // the endpoint can be pointed elsewhere (a proxy, a test server), vending turned off
-        let cfg = Config::parse(
-            "[source]\ntable='db.t'\n[source.catalog]\ntype='biglake'\nproject='p1'\nwarehouse='bl://projects/p1/catalogs/c'\nuri='http://127.0.0.1:1'\nvended-credentials='false'\n",
-        )
-        .unwrap();
-        let p = cfg.source.catalog.rest_props();
-        assert_eq!((p["uri"].as_str(), p["vended-credentials"].as_str()), ("http://127.0.0.1:1", "false"));
-        assert_eq!(biglake::uri("global"), biglake::GLOBAL_URI);
     }
 
     #[test]

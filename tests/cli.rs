@@ -479,7 +479,9 @@ async fn sync_resumes_is_idempotent_and_refuses_gaps() {
     assert!(again.contains("\"source_snapshots_applied\": 0"), "{again}");
     assert_eq!(target_snapshot_count(&tw, "replica.orders"), 3, "nothing new, nothing committed");
     // the target equals the source, read by iceberg-rust's scan (applies equality deletes)
-    let tcat = Catalog::connect(&Config::parse(&std::fs::read_to_string(cfg).unwrap()).unwrap().targets().next().cloned().unwrap().catalog, "t").await.unwrap();
+    let tcat = Catalog::connect(&Config::parse(&std::fs::read_to_string(cfg).unwrap()).unwrap().targets().next().cloned().unwrap().catalog, "t")
+        .await
+        .unwrap();
     let target = tcat.load_table("replica.orders").await.unwrap();
     let mut want = scan_rows(&table, Some(lineage.last().unwrap().snapshot_id())).await;
     let mut got = scan_rows(&target, target.metadata().current_snapshot_id()).await;
@@ -1209,10 +1211,12 @@ async fn the_service_compacts_in_the_background_while_the_source_commits() {
         tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     }
     assert!(wait_caught_up(&tw, "replica.orders", &catalog, 60).await, "{}", log());
-    let tcat =
-        Catalog::connect(&Config::load(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""))).unwrap().targets().next().cloned().unwrap().catalog, "t")
-            .await
-            .unwrap();
+    let tcat = Catalog::connect(
+        &Config::load(&config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""))).unwrap().targets().next().cloned().unwrap().catalog,
+        "t",
+    )
+    .await
+    .unwrap();
     let mut deletes = u64::MAX;
     for _ in 0..50 {
         let target = tcat.load_table("replica.orders").await.unwrap();

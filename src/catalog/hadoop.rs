@@ -18,6 +18,8 @@ use iceberg::spec::{TableMetadata, TableMetadataBuilder};
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 
+use super::{Backend, Swapped};
+use crate::config::CatalogConfig;
 use crate::error::{AtPath, Error, Result};
 
 const VERSION_HINT: &str = "version-hint.text";
@@ -161,6 +163,45 @@ impl HadoopCatalog {
             tracing::warn!(dir = %meta_dir.display(), version, error = %e, "committed, but the version hint could not be written; readers find the version by listing");
         }
         Ok(())
+    }
+}
+
+/// The problems of a `hadoop` catalog section (named `field`).
+pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
+    if cfg.warehouse.as_deref().unwrap_or("").is_empty() {
+        p.push(format!("{field}.warehouse: required for a hadoop catalog (the warehouse directory)"));
+    }
+    for k in cfg.props.keys() {
+        p.push(format!("{field}.{k}: unknown key for a hadoop catalog (it only takes `warehouse`)"));
+    }
+    if let Some(w) = cfg.warehouse.as_deref().filter(|w| crate::storage::is_object_store(w)) {
+        p.push(format!(
+            "{field}.warehouse: `{w}` — a hadoop catalog works on local directories only; use a rest, biglake or sql catalog for object storage"
+        ));
+    }
+}
+
+/// The catalog of `cfg`'s warehouse directory.
+pub(crate) fn connect(cfg: &CatalogConfig) -> Box<dyn Backend> {
+    Box::new(HadoopCatalog::new(super::strip_file_scheme(cfg.warehouse.as_deref().unwrap_or_default()), super::local_file_io()))
+}
+
+#[async_trait::async_trait]
+impl Backend for HadoopCatalog {
+    async fn storage(&self, _: &Table) -> Result<crate::storage::CdcStorageFactory> {
+        Ok(crate::storage::CdcStorageFactory::default())
+    }
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        HadoopCatalog::load_table(self, ident).await
+    }
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        Ok(HadoopCatalog::metadata_location(self, ident))
+    }
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        HadoopCatalog::create_table(self, ident, creation).await
+    }
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
+        self.commit(table, requirements, updates).await.map(Swapped::Done)
     }
 }
 

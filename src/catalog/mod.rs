@@ -10,18 +10,17 @@ mod hadoop;
 pub(crate) mod hive;
 mod metastore;
 pub(crate) mod rest;
+mod sql;
 mod sql_marks;
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
-use iceberg::{Catalog as _, CatalogBuilder, MetadataLocation, NamespaceIdent, TableCreation, TableIdent};
+use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use iceberg::{TableRequirement, TableUpdate};
-use iceberg_catalog_sql::{SqlCatalog, SqlCatalogBuilder};
 
 use crate::auth::TokenSource;
 use crate::config::{split_table_name, CatalogConfig, CatalogType};
@@ -33,32 +32,65 @@ pub use hadoop::HadoopCatalog;
 pub use hive::HiveCatalog;
 
 /// Default name of the sqlite catalog (the `catalog_name` column of its tables).
-pub const SQL_DEFAULT_NAME: &str = "cdc";
-const SQL_NAME_PROP: &str = "name";
+pub const SQL_DEFAULT_NAME: &str = sql::DEFAULT_NAME;
+
+/// The backends: each module owns its keys (`validate`) and its construction (`connect`). Adding one: a module
+/// implementing [`Backend`] with those two functions, a [`CatalogType`] variant, and its line in this match and in
+/// [`Catalog::connect`]'s.
+impl CatalogConfig {
+    /// Adds the problems of this section (named `field`) to `p`: its backend's, and those of the keys they share.
+    pub fn validate(&self, field: &str, p: &mut Vec<String>) {
+        match self.kind {
+            CatalogType::Hadoop => hadoop::validate(self, field, p),
+            CatalogType::Sql => sql::validate(self, field, p),
+            CatalogType::Rest => rest::validate(self, field, p),
+            CatalogType::Biglake => rest::validate_biglake(self, field, p),
+            CatalogType::Hive => hive::validate(self, field, p),
+            CatalogType::Glue => glue::validate(self, field, p),
+        }
+        if let Some(a) = self.props.get(rest::keys::AUTH) {
+            if a != "google" {
+                p.push(format!(
+                    "{field}.auth: `{a}` — the only value is `google` (Application Default Credentials); leave it out for `token`/`credential`"
+                ));
+            }
+        }
+    }
+}
+
+/// One kind of catalog, connected: where its tables are found, loaded, created and committed to. `ident`s come
+/// checked ([`Catalog`] builds them from `namespace.table` names).
+#[async_trait::async_trait]
+pub(crate) trait Backend: Send + Sync {
+    /// How the files of `table` are reached (with the credentials this catalog gives it).
+    async fn storage(&self, table: &Table) -> Result<CdcStorageFactory>;
+    /// Loads a table; [`Error::TableNotFound`] when it does not exist.
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table>;
+    /// The table's current metadata location when the catalog can tell it without loading the metadata (see
+    /// [`Catalog::cheap_metadata_location`]); `Ok(None)`: it cannot tell cheaply, or there is no such table.
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>>;
+    /// Creates the namespace when missing, then the table.
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table>;
+    /// Applies `updates` to `table` if `requirements` still hold, atomically.
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped>;
+    /// A catalog server (REST): it deletes metadata files that leave the metadata log itself, and a load renews
+    /// what it vends (storage credentials).
+    fn is_server(&self) -> bool {
+        false
+    }
+}
+
+/// How a [`Backend::swap`] ended.
+pub(crate) enum Swapped {
+    /// It applied: the table as it is now.
+    Done(Table),
+    /// The catalog did not say whether it applied: done if the table now holds the commit's snapshot, else this error.
+    Unsure(Error),
+}
 
 /// A connected catalog: where tables are found, loaded, created and committed to.
-pub enum Catalog {
-    /// Spark/Java's filesystem layout (`hadoop`).
-    Hadoop(HadoopCatalog),
-    /// iceberg-rust's SQL catalog on sqlite (the embedded default).
-    Sql {
-        /// The catalog.
-        inner: SqlCatalog,
-        /// Its database, for the compare-and-set commits iceberg-rust does not offer.
-        pool: sqlx::SqlitePool,
-        /// Its name (the `catalog_name` column).
-        name: String,
-        /// How its tables' storage is reached (credentials for `gs://` warehouses).
-        storage: CdcStorageFactory,
-        /// The idle check's own read-only connection ([`Catalog::cheap_metadata_location`]).
-        marks: sql_marks::SqlMarks,
-    },
-    /// An Iceberg REST catalog (BigLake, Polaris, the reference server, …).
-    Rest(Arc<rest::RestClient>),
-    /// A Hive Metastore (Iceberg Java's `HiveCatalog` protocol).
-    Hive(HiveCatalog),
-    /// The AWS Glue Data Catalog (Iceberg Java's `GlueCatalog` protocol).
-    Glue(GlueCatalog),
+pub struct Catalog {
+    backend: Box<dyn Backend>,
 }
 
 pub(crate) fn local_file_io() -> FileIO {
@@ -82,49 +114,14 @@ impl Catalog {
     pub async fn connect(cfg: &CatalogConfig, label: &str) -> Result<Catalog> {
         // every table's manifests are read through a catalog: bound the Avro decoder before the first
         crate::spec::bound_avro_allocations();
-        let warehouse = cfg.warehouse.clone().unwrap_or_default();
-        match cfg.kind {
-            CatalogType::Hadoop => Ok(Catalog::Hadoop(HadoopCatalog::new(strip_file_scheme(&warehouse), local_file_io()))),
-            CatalogType::Sql => {
-                let wh = strip_file_scheme(&warehouse);
-                if !storage::is_object_store(&wh) {
-                    std::fs::create_dir_all(&wh)
-                        .map_err(|e| Error::catalog(label, format!("cannot create warehouse {wh}: {e}"), false).with_cause(e))?;
-                }
-                let mut props: HashMap<String, String> = cfg.props.clone().into_iter().collect();
-                let name = props.remove(SQL_NAME_PROP).unwrap_or_else(|| SQL_DEFAULT_NAME.to_string());
-                let uri = props.remove("uri").unwrap_or_else(|| format!("sqlite:{wh}/catalog.db"));
-                // sqlx only creates a missing sqlite file when asked to.
-                let uri = if uri.contains('?') || uri.contains(":memory:") { uri } else { format!("{uri}?mode=rwc") };
-                props.insert("uri".into(), uri.clone());
-                props.insert("warehouse".into(), wh.clone());
-                let storage = storage_factory(cfg);
-                let inner = SqlCatalogBuilder::default()
-                    .with_storage_factory(Arc::new(storage.clone()))
-                    .load(name.clone(), props)
-                    .await
-                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false).with_cause(e))?;
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(2)
-                    .connect(&uri)
-                    .await
-                    .map_err(|e| Error::catalog(label, format!("sqlite catalog {uri}: {e}"), false).with_cause(e))?;
-                // WAL: other processes reading the catalog (Spark's JdbcCatalog keeps read transactions open) must
-                // not block our compare-and-set commits. The mode is stored in the database file.
-                let _ = sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await;
-                Ok(Catalog::Sql { inner, pool, name, storage, marks: sql_marks::SqlMarks::new(&uri) })
-            }
-            CatalogType::Hive => {
-                let uri = cfg.props.get("uri").map(String::as_str).unwrap_or_default();
-                let props = cfg.props.iter().filter(|(k, _)| k.as_str() != "uri").map(|(k, v)| (k.clone(), v.clone())).collect();
-                Ok(Catalog::Hive(HiveCatalog::new(uri, cfg.warehouse.clone(), storage_factory(cfg), props)?))
-            }
-            CatalogType::Glue => Ok(Catalog::Glue(GlueCatalog::new(&cfg.props, cfg.warehouse.clone(), storage_factory(cfg))?)),
-            CatalogType::Rest | CatalogType::Biglake => {
-                let props = cfg.rest_props();
-                Ok(Catalog::Rest(rest::RestClient::connect(&props, label).await?))
-            }
-        }
+        let backend = match cfg.kind {
+            CatalogType::Hadoop => hadoop::connect(cfg),
+            CatalogType::Sql => sql::connect(cfg, label).await?,
+            CatalogType::Rest | CatalogType::Biglake => rest::connect(cfg, label).await?,
+            CatalogType::Hive => hive::connect(cfg)?,
+            CatalogType::Glue => glue::connect(cfg)?,
+        };
+        Ok(Catalog { backend })
     }
 
     /// The connected catalog for `cfg`, shared by every caller that names the same one (same kind and keys) while any
@@ -159,27 +156,19 @@ impl Catalog {
     /// Every file under `prefix` in `table`'s storage (recursively, with its modification time), reached with the
     /// credentials this catalog gives the table.
     pub(crate) async fn list_files(&self, table: &Table, prefix: &str) -> Result<Vec<storage::Listed>> {
-        let factory = match self {
-            Catalog::Hadoop(_) => CdcStorageFactory::default(),
-            Catalog::Sql { storage, .. } => storage.clone(),
-            Catalog::Rest(c) => c.storage_factory(table.identifier()).await?,
-            Catalog::Hive(h) => h.storage(),
-            Catalog::Glue(g) => g.storage(),
-        };
+        let factory = self.backend.storage(table).await?;
         factory.storage_for(table.file_io()).list(prefix).await.map_err(Error::from)
     }
 
     /// Loads table `name` (`namespace.table`); [`Error::TableNotFound`] when it does not exist.
     pub async fn load_table(&self, name: &str) -> Result<Table> {
-        let ident = Self::ident(name)?;
-        let res = match self {
-            Catalog::Hadoop(h) => return h.load_table(&ident).await,
-            Catalog::Sql { inner, .. } => inner.load_table(&ident).await,
-            Catalog::Rest(c) => return c.load_table(&ident).await,
-            Catalog::Hive(h) => return h.load_table(&ident).await,
-            Catalog::Glue(g) => return g.load_table(&ident).await,
-        };
-        res.map_err(|e| self.map_load_error(name, e))
+        self.backend.load_table(&Self::ident(name)?).await
+    }
+
+    /// Whether this is a catalog server (REST): it deletes old metadata files itself, and a load renews what it
+    /// vends, so the table a sink holds is no substitute for a load.
+    pub(crate) fn is_server(&self) -> bool {
+        self.backend.is_server()
     }
 
     /// The table's current metadata location when the catalog can tell it without loading the metadata (hadoop:
@@ -188,162 +177,29 @@ impl Catalog {
     /// that finds nothing new costs next to nothing. `Ok(None)`: this catalog cannot tell cheaply (a REST server
     /// without ETags), or the table does not exist.
     pub async fn cheap_metadata_location(&self, name: &str) -> Result<Option<String>> {
-        let ident = Self::ident(name)?;
-        match self {
-            Catalog::Hadoop(h) => Ok(h.metadata_location(&ident)),
-            Catalog::Sql { pool, name: catalog, marks, .. } => {
-                // on this task, without sqlx's thread hop; sqlx when that cannot tell
-                if let Some(found) = marks.metadata_location(catalog, &ident.namespace().join("."), ident.name()) {
-                    return Ok(found);
-                }
-                let row: Option<(Option<String>,)> =
-                    sqlx::query_as("SELECT metadata_location FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?")
-                        .bind(catalog)
-                        .bind(ident.namespace().join("."))
-                        .bind(ident.name())
-                        .fetch_optional(pool)
-                        .await
-                        .map_err(|e| Error::catalog("sql", e, true))?;
-                Ok(row.and_then(|r| r.0))
-            }
-            Catalog::Hive(h) => h.metadata_location(&ident).await,
-            Catalog::Glue(g) => g.metadata_location(&ident).await,
-            Catalog::Rest(c) => c.unchanged_location(&ident).await,
-        }
-    }
-
-    fn label(&self) -> &'static str {
-        match self {
-            Catalog::Hadoop(_) => "hadoop",
-            Catalog::Sql { .. } => "sql",
-            Catalog::Rest(_) => "rest",
-            Catalog::Hive(_) => "hive",
-            Catalog::Glue(_) => "glue",
-        }
-    }
-
-    fn map_load_error(&self, name: &str, e: iceberg::Error) -> Error {
-        let msg = e.to_string();
-        let not_found = matches!(e.kind(), iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound)
-            || msg.contains("No such table")
-            || msg.contains("does not exist")
-            || msg.contains("NoSuchTable")
-            || msg.contains("NoSuchNamespace");
-        if not_found {
-            Error::TableNotFound { catalog: self.label().into(), table: name.into() }
-        } else {
-            let retryable = e.retryable() || msg.contains("error sending request") || msg.contains("connect");
-            Error::catalog(self.label(), msg, retryable)
-        }
+        self.backend.metadata_location(&Self::ident(name)?).await
     }
 
     /// Creates the namespace when missing, then the table.
     pub async fn create_table(&self, name: &str, creation: TableCreation) -> Result<Table> {
-        let ident = Self::ident(name)?;
-        let ns = ident.namespace().clone();
-        match self {
-            Catalog::Hadoop(h) => h.create_table(&ident, creation).await,
-            Catalog::Hive(h) => h.create_table(&ident, creation).await,
-            Catalog::Glue(g) => g.create_table(&ident, creation).await,
-            Catalog::Sql { inner, .. } => Self::create_via(inner, &ns, creation).await,
-            Catalog::Rest(c) => {
-                // Servers take the format version from this property.
-                let mut creation = creation;
-                let v = match creation.format_version {
-                    iceberg::spec::FormatVersion::V1 => "1",
-                    iceberg::spec::FormatVersion::V2 => "2",
-                    iceberg::spec::FormatVersion::V3 => "3",
-                };
-                creation.properties.insert("format-version".into(), v.into());
-                if !c.namespace_exists(&ns).await? {
-                    c.create_namespace(&ns).await?;
-                }
-                c.create_table(&ns, creation).await
-            }
-        }
-    }
-
-    async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
-        if !c.namespace_exists(ns).await? {
-            if let Err(e) = c.create_namespace(ns, HashMap::new()).await {
-                // another writer may have created it meanwhile; only a namespace that still is missing is an error
-                if !c.namespace_exists(ns).await.unwrap_or(false) {
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(c.create_table(ns, creation).await?)
+        self.backend.create_table(&Self::ident(name)?, creation).await
     }
 
     /// Applies `updates` to `table` if `requirements` still hold, atomically. Returns the reloaded table.
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
-        let committed = self.swap(table, requirements, updates).await?;
-        if !matches!(self, Catalog::Rest(_)) {
+        let new_snapshot = updates.iter().find_map(|u| match u {
+            TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
+            _ => None,
+        });
+        let committed = match self.backend.swap(table, requirements, updates).await? {
+            Swapped::Done(t) => t,
+            Swapped::Unsure(e) => self.applied_or(table.identifier(), new_snapshot, e).await?,
+        };
+        if !self.backend.is_server() {
             // a REST server does this itself, as Iceberg Java's catalogs do
             delete_removed_metadata_files(table.file_io(), table.metadata(), committed.metadata()).await;
         }
         Ok(committed)
-    }
-
-    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
-        match self {
-            Catalog::Hadoop(h) => h.commit(table, requirements, updates).await,
-            Catalog::Hive(_) | Catalog::Glue(_) => {
-                let new_snapshot = updates.iter().find_map(|u| match u {
-                    TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
-                    _ => None,
-                });
-                let res = match self {
-                    Catalog::Hive(h) => h.commit(table, requirements, updates).await,
-                    Catalog::Glue(g) => g.commit(table, requirements, updates).await,
-                    _ => unreachable!("matched above"),
-                };
-                match res {
-                    Err(e @ Error::CommitUnknown { .. }) => self.applied_or(table.identifier(), new_snapshot, e).await,
-                    other => other,
-                }
-            }
-            Catalog::Sql { pool, name, .. } => {
-                let ident = table.identifier();
-                let current = table.metadata_location_result()?.to_string();
-                let new_meta = apply_updates(table.metadata(), &current, &requirements, updates)?;
-                let loc = MetadataLocation::from_str(&current)?.with_next_version().with_new_metadata(&new_meta);
-                new_meta.write_to(table.file_io(), &loc).await?;
-                let new_loc = loc.to_string();
-                let res = sqlx::query(
-                    "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
-                     WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND metadata_location = ?",
-                )
-                .bind(&new_loc)
-                .bind(&current)
-                .bind(name)
-                .bind(ident.namespace().join("."))
-                .bind(ident.name())
-                .bind(&current)
-                .execute(pool)
-                .await
-                .map_err(|e| Error::catalog("sql", e, true))?;
-                if res.rows_affected() == 0 {
-                    return Err(Error::Conflict { table: ident.to_string(), message: "the table changed since it was loaded".into() });
-                }
-                self.load_table(&table_name(ident)).await
-            }
-            Catalog::Rest(committer) => {
-                let ident = table.identifier();
-                let new_snapshot = updates.iter().find_map(|u| match u {
-                    TableUpdate::AddSnapshot { snapshot } => Some(snapshot.snapshot_id()),
-                    _ => None,
-                });
-                match committer.commit(ident, &requirements, &updates).await? {
-                    rest::CommitOutcome::Committed => self.load_table(&table_name(ident)).await,
-                    rest::CommitOutcome::Conflict(m) => Err(Error::Conflict { table: ident.to_string(), message: m }),
-                    rest::CommitOutcome::Unknown(m) => {
-                        self.applied_or(ident, new_snapshot, Error::CommitUnknown { catalog: "rest".into(), message: m }).await
-                    }
-                    rest::CommitOutcome::Unavailable(m) => self.applied_or(ident, new_snapshot, Error::catalog("rest", m, true)).await,
-                }
-            }
-        }
     }
 
     /// After a commit whose answer did not say it applied: the reloaded table if it holds `snapshot` (the server
@@ -357,7 +213,39 @@ impl Catalog {
     }
 }
 
-fn table_name(ident: &TableIdent) -> String {
+/// What a failed load of `name` from an iceberg-rust catalog of kind `kind` is: [`Error::TableNotFound`] when the
+/// table or its namespace does not exist, else a catalog error (retryable when the request did not get through).
+pub(crate) fn load_error(kind: &str, name: &str, e: iceberg::Error) -> Error {
+    let msg = e.to_string();
+    let not_found = matches!(e.kind(), iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound)
+        || msg.contains("No such table")
+        || msg.contains("does not exist")
+        || msg.contains("NoSuchTable")
+        || msg.contains("NoSuchNamespace");
+    if not_found {
+        Error::TableNotFound { catalog: kind.into(), table: name.into() }
+    } else {
+        let retryable = e.retryable() || msg.contains("error sending request") || msg.contains("connect");
+        Error::catalog(kind, msg, retryable)
+    }
+}
+
+/// Creates the namespace when missing (another writer may create it meanwhile), then the table, in an iceberg-rust
+/// catalog.
+pub(crate) async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+    if !c.namespace_exists(ns).await? {
+        if let Err(e) = c.create_namespace(ns, HashMap::new()).await {
+            // another writer may have created it meanwhile; only a namespace that still is missing is an error
+            if !c.namespace_exists(ns).await.unwrap_or(false) {
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(c.create_table(ns, creation).await?)
+}
+
+/// `namespace.table` of `ident`.
+pub(crate) fn table_name(ident: &TableIdent) -> String {
     format!("{}.{}", ident.namespace().join("."), ident.name())
 }
 

@@ -22,7 +22,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
+use super::{Backend, Swapped};
 use crate::auth::{Token, TokenSource};
+use crate::config::{CatalogConfig, CatalogType};
 use crate::error::{Error, Result};
 use crate::storage::{self, props as sp, truthy, CdcStorageFactory, GoogleStorageToken, StorageCredentials};
 
@@ -128,6 +130,142 @@ pub(crate) fn server_message(body: &str) -> String {
 }
 
 /// Parses a LoadTableResult body as a load does (for the parsers' property tests).
+/// Keys of the `biglake` catalog shorthand.
+pub(crate) mod biglake {
+    /// The Google Cloud project (BigLake).
+    pub const PROJECT: &str = "project";
+    /// The Google Cloud location (BigLake).
+    pub const LOCATION: &str = "location";
+    /// The global endpoint (`location = "global"`, the default).
+    pub const GLOBAL_URI: &str = "https://biglake.googleapis.com/iceberg/v1/restcatalog";
+    /// Header that bills requests to (and checks quota of) the project.
+    pub const USER_PROJECT_HEADER: &str = "header.x-goog-user-project";
+
+    /// The REST endpoint of a BigLake location (`global`, or a region such as `us-central1`).
+    pub fn uri(location: &str) -> String {
+        if location == "global" {
+            GLOBAL_URI.to_string()
+        } else {
+            format!("https://biglake.{location}.rep.googleapis.com/iceberg/v1/restcatalog")
+        }
+    }
+}
+
+/// The problems of a `rest` catalog section (named `field`).
+pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
+    match cfg.props.get("uri") {
+        None => p.push(format!("{field}.uri: required for a rest catalog")),
+        Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+            p.push(format!("{field}.uri: `{u}` must start with http:// or https://"))
+        }
+        _ => {}
+    }
+    validate_keys(cfg, field, &[], p);
+}
+
+/// The problems of a `biglake` catalog section (named `field`).
+pub(crate) fn validate_biglake(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
+    match cfg.props.get(biglake::PROJECT) {
+        Some(v) if !v.trim().is_empty() => {}
+        _ => p.push(format!("{field}.project: required for a biglake catalog (the Google Cloud project id)")),
+    }
+    match cfg.warehouse.as_deref() {
+        Some(w) if w.starts_with("gs://") || w.starts_with("bl://projects/") => {}
+        Some(w) => p.push(format!("{field}.warehouse: `{w}` — BigLake takes `gs://BUCKET` or `bl://projects/PROJECT/catalogs/CATALOG`")),
+        None => p.push(format!("{field}.warehouse: required for a biglake catalog (`gs://BUCKET` or `bl://projects/P/catalogs/C`)")),
+    }
+    if let Some(l) = cfg.props.get(biglake::LOCATION) {
+        if l.is_empty() || !l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+            p.push(format!("{field}.location: `{l}` — `global` or a region such as `us-central1`"));
+        }
+    }
+    validate_keys(cfg, field, &[biglake::PROJECT, biglake::LOCATION], p);
+}
+
+/// Unknown keys of a `rest` or `biglake` section (`extra`: the keys the kind adds).
+fn validate_keys(cfg: &CatalogConfig, field: &str, extra: &[&str], p: &mut Vec<String>) {
+    for k in cfg.props.keys() {
+        let known = keys::ALL.contains(&k.as_str())
+            || extra.contains(&k.as_str())
+            || k.starts_with(keys::HEADER_PREFIX)
+            || crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
+        if !known {
+            p.push(format!(
+                "{field}.{k}: unknown key (catalog keys: {}; `header.NAME` for HTTP headers; `gcs.*`, `s3.*` for storage)",
+                keys::ALL.join(", ")
+            ));
+        }
+    }
+}
+
+/// The properties of the REST client: as given for `rest`; for `biglake` the endpoint of its location, Google
+/// credentials, the `x-goog-user-project` header and vended storage credentials (each overridable).
+pub(crate) fn client_props(cfg: &CatalogConfig) -> std::collections::HashMap<String, String> {
+    let mut props: std::collections::HashMap<String, String> = cfg.props.clone().into_iter().collect();
+    if let Some(w) = &cfg.warehouse {
+        props.insert(keys::WAREHOUSE.into(), w.clone());
+    }
+    if cfg.kind == CatalogType::Biglake {
+        let location = props.remove(biglake::LOCATION).unwrap_or_else(|| "global".into());
+        let project = props.remove(biglake::PROJECT).unwrap_or_default();
+        props.entry(keys::URI.into()).or_insert_with(|| biglake::uri(&location));
+        props.entry(keys::AUTH.into()).or_insert_with(|| "google".into());
+        props.entry(keys::VENDED_CREDENTIALS.into()).or_insert_with(|| "true".into());
+        props.entry(biglake::USER_PROJECT_HEADER.into()).or_insert(project);
+    }
+    props
+}
+
+/// A client of the REST catalog `cfg` names (a `biglake` section becomes its REST settings).
+pub(crate) async fn connect(cfg: &CatalogConfig, label: &str) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(RestBackend(RestClient::connect(&client_props(cfg), label).await?)))
+}
+
+/// A connected REST catalog as a [`Backend`].
+struct RestBackend(Arc<RestClient>);
+
+#[async_trait::async_trait]
+impl Backend for RestBackend {
+    async fn storage(&self, table: &Table) -> Result<CdcStorageFactory> {
+        self.0.storage_factory(table.identifier()).await
+    }
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        self.0.load_table(ident).await
+    }
+    /// A conditional load answered `304 Not Modified`, when the server sends ETags.
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        self.0.unchanged_location(ident).await
+    }
+    /// The namespace is created when missing; the format version goes as the property servers take it from.
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        let ns = ident.namespace().clone();
+        // Servers take the format version from this property.
+        let mut creation = creation;
+        let v = match creation.format_version {
+            iceberg::spec::FormatVersion::V1 => "1",
+            iceberg::spec::FormatVersion::V2 => "2",
+            iceberg::spec::FormatVersion::V3 => "3",
+        };
+        creation.properties.insert("format-version".into(), v.into());
+        if !self.0.namespace_exists(&ns).await? {
+            self.0.create_namespace(&ns).await?;
+        }
+        self.0.create_table(&ns, creation).await
+    }
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
+        let ident = table.identifier();
+        Ok(match self.0.commit(ident, &requirements, &updates).await? {
+            CommitOutcome::Committed => Swapped::Done(self.0.load_table(ident).await?),
+            CommitOutcome::Conflict(m) => return Err(Error::Conflict { table: ident.to_string(), message: m }),
+            CommitOutcome::Unknown(m) => Swapped::Unsure(Error::CommitUnknown { catalog: "rest".into(), message: m }),
+            CommitOutcome::Unavailable(m) => Swapped::Unsure(Error::catalog("rest", m, true)),
+        })
+    }
+    fn is_server(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn parse_load_response(body: &[u8]) -> bool {
     serde_json::from_slice::<LoadTableResponse>(body).is_ok()
@@ -580,6 +718,27 @@ fn urlencode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn biglake_shorthand() {
+        let cfg = crate::config::Config::parse(
+            "[source]\ntable='db.t'\n[source.catalog]\ntype='biglake'\nproject='p1'\nlocation='us-central1'\nwarehouse='gs://bucket'\n",
+        )
+        .unwrap();
+        let p = client_props(&cfg.source.catalog);
+        assert_eq!(p["uri"], "https://biglake.us-central1.rep.googleapis.com/iceberg/v1/restcatalog");
+        assert_eq!(p["header.x-goog-user-project"], "p1");
+        assert_eq!((p["auth"].as_str(), p["vended-credentials"].as_str(), p["warehouse"].as_str()), ("google", "true", "gs://bucket"));
+        assert!(!p.contains_key("project") && !p.contains_key("location"));
+        // the endpoint can be pointed elsewhere (a proxy, a test server), vending turned off
+        let cfg = crate::config::Config::parse(
+            "[source]\ntable='db.t'\n[source.catalog]\ntype='biglake'\nproject='p1'\nwarehouse='bl://projects/p1/catalogs/c'\nuri='http://127.0.0.1:1'\nvended-credentials='false'\n",
+        )
+        .unwrap();
+        let p = client_props(&cfg.source.catalog);
+        assert_eq!((p["uri"].as_str(), p["vended-credentials"].as_str()), ("http://127.0.0.1:1", "false"));
+        assert_eq!(biglake::uri("global"), biglake::GLOBAL_URI);
+    }
+
     use super::*;
 
     #[test]

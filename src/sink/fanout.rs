@@ -63,7 +63,8 @@ impl Sink for FanOut<'_> {
             all.push(s.prepare(source, schema, bootstrap).await?);
         }
         // another writer moved one of them meanwhile: fail this run; the next one catches up first
-        agree(&all, "are at").map_err(|_| Error::Conflict { table: self.label(), message: format!("the sinks drifted apart while planning ({all:?})") })
+        agree(&all, "are at")
+            .map_err(|_| Error::Conflict { table: self.label(), message: format!("the sinks drifted apart while planning ({all:?})") })
     }
 
     async fn begin(&mut self, source: &SourceInfo, chunk: &Chunk) -> Result<()> {

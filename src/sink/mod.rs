@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Vec<Box<dyn Sink>>> {
     if cfg.sinks.is_empty() {
         return Err(Error::Config(vec![
-            "[target], [kafka] or [[sinks]]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into(),
+            "[target], [kafka] or [[sinks]]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into()
         ]));
     }
     let mut ordered: Vec<&SinkConfig> = cfg.sinks.iter().collect();

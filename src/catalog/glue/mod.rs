@@ -23,7 +23,8 @@ use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 use serde_json::{json, Map, Value};
 
-use super::metastore;
+use super::{metastore, Backend, Swapped};
+use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 use sigv4::Credentials;
@@ -395,6 +396,55 @@ fn table_input(
         sd.insert("Columns".into(), Value::Array(columns));
     }
     Value::Object(input)
+}
+
+/// The problems of a `glue` catalog section (named `field`).
+pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
+    if let Some(e) = cfg.props.get(keys::ENDPOINT) {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            p.push(format!("{field}.endpoint: `{e}` must start with https:// (or http:// for an emulator)"));
+        }
+    }
+    if cfg.props.contains_key(keys::ACCESS_KEY_ID) != cfg.props.contains_key(keys::SECRET_ACCESS_KEY) {
+        p.push(format!("{field}: `access-key-id` and `secret-access-key` go together"));
+    }
+    for k in cfg.props.keys() {
+        let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
+        if !storage && !keys::ALL.contains(&k.as_str()) {
+            p.push(format!(
+                "{field}.{k}: unknown key for a glue catalog (it takes {}, `warehouse`, and storage properties such as `s3.*`)",
+                keys::ALL.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+}
+
+/// A client of the Data Catalog `cfg` names.
+pub(crate) fn connect(cfg: &CatalogConfig) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(GlueCatalog::new(&cfg.props, cfg.warehouse.clone(), super::storage_factory(cfg))?))
+}
+
+#[async_trait::async_trait]
+impl Backend for GlueCatalog {
+    async fn storage(&self, _: &Table) -> Result<CdcStorageFactory> {
+        Ok(GlueCatalog::storage(self))
+    }
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        GlueCatalog::load_table(self, ident).await
+    }
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        GlueCatalog::metadata_location(self, ident).await
+    }
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        GlueCatalog::create_table(self, ident, creation).await
+    }
+    /// A commit whose lock or call outcome is unknown ([`Error::CommitUnknown`]) is looked for in the table.
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
+        match self.commit(table, requirements, updates).await {
+            Err(e @ Error::CommitUnknown { .. }) => Ok(Swapped::Unsure(e)),
+            other => other.map(Swapped::Done),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -35,7 +35,8 @@ use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
 use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
 
-use super::metastore;
+use super::{metastore, Backend, Swapped};
+use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 use thrift::{CallError, Connection, Struct, Value};
@@ -514,6 +515,58 @@ fn columns(metadata: &TableMetadata) -> Value {
 
 fn user() -> String {
     std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "iceberg-cdc".into())
+}
+
+/// The problems of a `hive` catalog section (named `field`).
+pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
+    match cfg.props.get("uri") {
+        None => p.push(format!("{field}.uri: required for a hive catalog (`thrift://HOST:9083`)")),
+        Some(u) if !u.starts_with("thrift://") || u.len() == "thrift://".len() => {
+            p.push(format!("{field}.uri: `{u}` must be thrift://HOST:PORT (the Metastore's Thrift service)"))
+        }
+        _ => {}
+    }
+    if let Some(v) = cfg.props.get(LOCK_TIMEOUT_KEY) {
+        if let Err(e) = humantime::parse_duration(v) {
+            p.push(format!("{field}.{}: `{v}` is not a duration ({e}); e.g. \"3m\" or \"30s\"", LOCK_TIMEOUT_KEY));
+        }
+    }
+    for k in cfg.props.keys() {
+        let storage = crate::storage::props::PREFIXES.iter().any(|pre| k.starts_with(pre));
+        if !storage && !["uri", LOCK_TIMEOUT_KEY, super::rest::keys::AUTH, super::rest::keys::GOOGLE_CREDENTIALS_FILE].contains(&k.as_str()) {
+            p.push(format!("{field}.{k}: unknown key for a hive catalog (it takes `uri`, `warehouse`, `lock_timeout`, `auth`, and storage properties such as `s3.*`, `gcs.*`)"));
+        }
+    }
+}
+
+/// A client of the Metastore `cfg` names.
+pub(crate) fn connect(cfg: &CatalogConfig) -> Result<Box<dyn Backend>> {
+    let uri = cfg.props.get("uri").map(String::as_str).unwrap_or_default();
+    let props = cfg.props.iter().filter(|(k, _)| k.as_str() != "uri").map(|(k, v)| (k.clone(), v.clone())).collect();
+    Ok(Box::new(HiveCatalog::new(uri, cfg.warehouse.clone(), super::storage_factory(cfg), props)?))
+}
+
+#[async_trait::async_trait]
+impl Backend for HiveCatalog {
+    async fn storage(&self, _: &Table) -> Result<CdcStorageFactory> {
+        Ok(HiveCatalog::storage(self))
+    }
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        HiveCatalog::load_table(self, ident).await
+    }
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        HiveCatalog::metadata_location(self, ident).await
+    }
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        HiveCatalog::create_table(self, ident, creation).await
+    }
+    /// A commit whose lock or call outcome is unknown ([`Error::CommitUnknown`]) is looked for in the table.
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
+        match self.commit(table, requirements, updates).await {
+            Err(e @ Error::CommitUnknown { .. }) => Ok(Swapped::Unsure(e)),
+            other => other.map(Swapped::Done),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -585,7 +585,12 @@ impl Sink for IcebergSink {
     /// Reserves the writers' share, a quarter of the budget (row groups being built, dictionaries, open files); rows
     /// may come group by group (a commit's equality deletes and rows apply whole, each key's together).
     fn profile(&self) -> Profile {
-        Profile { initial: Initial::Copy, snapshots_per_commit: self.snapshots_per_commit, reserved_memory: self.memory_budget / 4, needs_key_order: false }
+        Profile {
+            initial: Initial::Copy,
+            snapshots_per_commit: self.snapshots_per_commit,
+            reserved_memory: self.memory_budget / 4,
+            needs_key_order: false,
+        }
     }
 
     fn upkeep(&mut self) -> Option<&mut dyn Upkeep> {
@@ -621,7 +626,7 @@ impl Sink for IcebergSink {
         // the table this sink holds (its own last commit, or the last load) is the head when the catalog's cheap
         // mark names its metadata file (metadata files never change): no load — a streaming poll's commit then
         // costs one target load less. Not on REST: a load there also renews vended storage credentials.
-        if let Some(t) = self.table.as_ref().filter(|_| !matches!(*self.catalog, Catalog::Rest(_))) {
+        if let Some(t) = self.table.as_ref().filter(|_| !self.catalog.is_server()) {
             let held = t.metadata_location().map(super::maintain::normalize);
             let current = self.catalog.cheap_metadata_location(&self.cfg.table).await.ok().flatten();
             if held.is_some() && current.as_deref().map(super::maintain::normalize) == held {
