@@ -745,18 +745,7 @@ impl Config {
 
     /// Parses and validates a configuration (every problem at once).
     pub fn parse(text: &str) -> Result<Config> {
-        parse_checked(text, unknown_keys, |f: &ConfigFile| Config::from(f.clone()).validate()).map(Config::from)
-    }
-
-    /// Where sink `i` is in the file, for messages: `target` or `kafka` for the only sink of its type, else
-    /// `sinks[i]`.
-    fn sink_at(&self, i: usize) -> String {
-        let kind = |s: &SinkConfig| std::mem::discriminant(s);
-        match &self.sinks[i] {
-            s if self.sinks.iter().filter(|o| kind(o) == kind(s)).count() > 1 => format!("sinks[{i}]"),
-            SinkConfig::Iceberg(_) => "target".into(),
-            SinkConfig::Kafka(_) => "kafka".into(),
-        }
+        parse_checked(text, unknown_keys, ConfigFile::validate).map(Config::from)
     }
 
     /// The Iceberg target tables among the sinks, in order.
@@ -766,14 +755,23 @@ impl Config {
             SinkConfig::Kafka(_) => None,
         })
     }
+}
 
-    /// Pure checks; returns every problem found.
-    pub fn validate(&self) -> Vec<String> {
+impl ConfigFile {
+    /// Pure checks; returns every problem found, each sink named where the file has it (`target`, `kafka`,
+    /// `sinks[i]`).
+    fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
         validate_table_and_keys("source", &self.source.table, self.source.key_columns.as_deref(), &mut p);
         self.source.catalog.validate("source.catalog", &mut p);
+        if let Some(t) = &self.target {
+            t.validate("target", &self.source, &mut p);
+        }
+        if let Some(k) = &self.kafka {
+            k.validate("kafka", &mut p);
+        }
         for (i, sink) in self.sinks.iter().enumerate() {
-            sink.validate(&self.sink_at(i), &self.source, &mut p);
+            sink.validate(&format!("sinks[{i}]"), &self.source, &mut p);
         }
         self.engine.validate(&mut p);
         p

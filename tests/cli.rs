@@ -583,6 +583,46 @@ async fn assert_target_equals_source(cfg: &Path, table: &Table, target: &str) {
     assert_eq!(got, want, "target differs from the source at its recorded progress");
 }
 
+/// `[[sinks]]`: one `cdc sync` writes two target tables (a shorthand `[target]` beside a list entry) from one read;
+/// one behind the other catches up alone first, and both end equal to the source, each commit applied once.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_sync_writes_every_sink_of_its_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, table, wh) = quickstart_table(dir.path()).await;
+    let (tw, tw2) = (dir.path().join("target"), dir.path().join("target2"));
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
+    let second = format!(
+        "\n[[sinks]]\ntype = \"iceberg\"\ntable = \"replica.orders2\"\n[sinks.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+        tw2.display()
+    );
+    // the shorthand alone first: the list's sink starts behind it
+    let one = config(dir.path(), &sync_config(&wh, "replica.orders", &tw, ""));
+    ok(cdc(&["sync", "--config", one.to_str().unwrap(), "--to-snapshot", &lineage[1].snapshot_id().to_string()]));
+    let both = dir.path().join("both.toml");
+    std::fs::write(&both, sync_config(&wh, "replica.orders", &tw, "") + &second).unwrap();
+    let summary = ok(cdc(&["sync", "--config", both.to_str().unwrap(), "--json"]));
+    assert!(summary.contains("\"source_snapshot_id\""), "{summary}");
+    assert_target_equals_source(&both, &table, "replica.orders").await;
+    let history = assert_applied_once(&tw, "replica.orders", &table, "the shorthand's target");
+    assert_eq!(history.last(), Some(&lineage.last().unwrap().snapshot_id()));
+    let history2 = assert_applied_once(&tw2, "replica.orders2", &table, "the list's target");
+    assert_eq!(history2.last(), history.last(), "both at the source's head");
+    let only_second = dir.path().join("second.toml");
+    std::fs::write(&only_second, sql_config(&wh, "", "") + &second).unwrap();
+    assert_target_equals_source(&only_second, &table, "replica.orders2").await;
+    // a problem of a list entry is reported where the file has it
+    let bad = dir.path().join("bad.toml");
+    for (entry, problem) in [
+        (second.replace("replica.orders2", "orders2"), "sinks[0].table: `orders2` must be `namespace.table`"),
+        (second.replace("[sinks.catalog]", "tabel = 1\n[sinks.catalog]"), "unknown key `sinks[0].tabel`"),
+    ] {
+        std::fs::write(&bad, sync_config(&wh, "replica.orders", &tw, "") + &entry).unwrap();
+        let out = cdc(&["sync", "--config", bad.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(code(&out) != 0 && err.contains(problem), "{problem}: {err}");
+    }
+}
+
 /// Issue 11's deterministic sequence: sync to snapshot 1; a second sync to snapshot 3 pauses before its first
 /// commit; a third syncs to the end; the paused one resumes. It must not apply anything again, and the progress
 /// must never move backwards.

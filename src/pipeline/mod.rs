@@ -1,5 +1,6 @@
-//! The only module that sees both sides: it runs changelog scans of the source (`source`) into destinations
-//! (`sink`, or an `output` writer for `cdc changes`).
+//! The only module that drives a source into sinks: it runs changelog scans of the source (`source`) into
+//! destinations (`sink`, or an `output` writer for `cdc changes`). (Sinks use the source's readers on their own
+//! target tables — compaction, position lookups — never on their pipeline's source; see README "Layout".)
 //!
 //! One runner serves `cdc sync` and every poll of the service ([`run`]): the decisions are pure functions in
 //! [`plan`] (where to start, which commits, how sinks share a read); [`apply`] carries a plan out — begin, feed the

@@ -10,8 +10,12 @@
 //! A sink that finds its progress moved by another writer answers [`Committed::Replan`]; the runner then plans again
 //! from what the sink records — never re-applying a range, never moving progress backwards.
 //!
+//! What the runner plans by is a sink's [`Profile`] (one value, so that a wrapper passes all of it on); upkeep of the
+//! destination between commits is the separate [`Upkeep`] capability, which the service drives.
+//!
 //! [`open`] is the one place that turns a pipeline's configuration into its destinations; each sink owns its catalog
-//! or client. Adding a destination: a config section, a folder here implementing [`Sink`], and one arm in [`open`].
+//! or client. Adding a destination: a folder here implementing [`Sink`], its keys as a [`SinkConfig`] variant, and
+//! one arm in [`open`].
 pub mod fanout;
 pub mod iceberg;
 pub mod kafka;

@@ -28,7 +28,8 @@ use crate::source::files::FileEntry;
 use crate::spec::dv;
 use crate::spec::projection;
 
-pub const BATCH_SIZE: usize = 8192;
+pub(crate) use crate::source::format::opening_error;
+pub use crate::source::format::BATCH_SIZE;
 pub use crate::spec::{POS_DELETE_FILE_PATH_ID, POS_DELETE_POS_ID};
 
 pub use crate::spec::projection::field_id;
@@ -62,16 +63,6 @@ async fn open(
     let meta = ArrowReaderMetadata::load_async(&mut reader, options).await.map_err(|e| err(&format!("not a readable Parquet file: {e}")))?;
     let meta = if opts.views { with_string_views(meta) } else { meta };
     Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta))
-}
-
-/// A storage error opening `path`: [`Error::MissingFile`] when the file is not there (an expiry problem, explained
-/// by the scan), a data error otherwise.
-pub(crate) fn opening_error(path: &str, e: iceberg::Error) -> Error {
-    if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
-        Error::MissingFile { path: path.to_string() }
-    } else {
-        Error::data(path, e)
-    }
 }
 
 /// The file's top-level strings and binaries decoded as views ([`view_types`]); the plain types when the reader

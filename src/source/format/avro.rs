@@ -14,9 +14,9 @@ use futures::StreamExt;
 use iceberg::io::FileIO;
 use serde_json::Value;
 
+use super::{opening_error, BATCH_SIZE};
 use super::{relabel_batch, schema_of, with_id, Opened};
 use crate::error::{Error, Result};
-use crate::source::reader::{opening_error, BATCH_SIZE};
 
 pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let err = |e: &dyn std::fmt::Display| Error::data(path, e);

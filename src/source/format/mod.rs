@@ -26,6 +26,18 @@ use crate::error::{Error, Result};
 pub(crate) mod avro;
 pub(crate) mod orc;
 
+pub const BATCH_SIZE: usize = 8192;
+
+/// A storage error opening `path`: [`Error::MissingFile`] when the file is not there (an expiry problem, explained
+/// by the scan), a data error otherwise.
+pub(crate) fn opening_error(path: &str, e: iceberg::Error) -> Error {
+    if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
+        Error::MissingFile { path: path.to_string() }
+    } else {
+        Error::data(path, e)
+    }
+}
+
 /// A non-Parquet file opened for reading: every row in file order, fields with ids.
 pub(crate) struct Opened {
     /// The batches.

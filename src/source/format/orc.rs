@@ -20,9 +20,9 @@ use orc_rust::reader::AsyncChunkReader;
 use orc_rust::{ArrowReaderBuilder, TimestampPrecision};
 use prost::Message;
 
+use super::{opening_error, BATCH_SIZE};
 use super::{relabel_batch, schema_of, with_id, Opened};
 use crate::error::{Error, Result};
-use crate::source::reader::{opening_error, BATCH_SIZE};
 
 /// The attribute Iceberg's ORC writer puts the field id in.
 const ID_ATTRIBUTE: &str = "iceberg.id";
