@@ -63,6 +63,16 @@ pub enum SinkConfig<C = CatalogConfig> {
     Iceberg(TargetConfig<C>),
     /// A Kafka topic (the keys of `[kafka]`).
     Kafka(KafkaConfig),
+    /// A directory of JSON-lines change files, one per commit (see `sink::jsonl`).
+    Jsonl(JsonlConfig),
+}
+
+/// A directory of JSON-lines change files: each commit one file, `progress.json` the commit (see `sink::jsonl`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlConfig {
+    /// The directory (created when missing); one per source table.
+    pub path: PathBuf,
 }
 
 impl<C> SinkConfig<C> {
@@ -71,6 +81,7 @@ impl<C> SinkConfig<C> {
         match self {
             SinkConfig::Iceberg(t) => format!("iceberg:{}", t.table),
             SinkConfig::Kafka(k) => format!("kafka:{}", k.topic),
+            SinkConfig::Jsonl(j) => format!("jsonl:{}", j.path.display()),
         }
     }
 
@@ -79,7 +90,11 @@ impl<C> SinkConfig<C> {
     where
         C: for<'de> Deserialize<'de>,
     {
-        let keys = if kind == Some("kafka") { keys_of::<KafkaConfig>() } else { keys_of::<TargetConfig<C>>() };
+        let keys = match kind {
+            Some("kafka") => keys_of::<KafkaConfig>(),
+            Some("jsonl") => keys_of::<JsonlConfig>(),
+            _ => keys_of::<TargetConfig<C>>(),
+        };
         keys.iter().copied().chain(["type"]).collect()
     }
 }
@@ -90,6 +105,11 @@ impl SinkConfig {
         match self {
             SinkConfig::Iceberg(t) => t.validate(at, source, p),
             SinkConfig::Kafka(k) => k.validate(at, p),
+            SinkConfig::Jsonl(j) => {
+                if j.path.as_os_str().is_empty() {
+                    p.push(format!("{at}.path: give the directory the change files go to"));
+                }
+            }
         }
     }
 }
@@ -752,7 +772,7 @@ impl Config {
     pub fn targets(&self) -> impl Iterator<Item = &TargetConfig> + Clone {
         self.sinks.iter().filter_map(|s| match s {
             SinkConfig::Iceberg(t) => Some(t),
-            SinkConfig::Kafka(_) => None,
+            _ => None,
         })
     }
 }

@@ -378,6 +378,11 @@ impl Error {
         Error::Data { path: path.into(), message: message.to_string(), cause: None }
     }
 
+    /// The file at `path` could not be read or decoded because of `e`, which stays the error's cause.
+    pub fn data_from<E: std::error::Error + Send + Sync + 'static>(path: impl Into<String>, e: E) -> Self {
+        Error::data(path, &e).with_cause(e)
+    }
+
     /// Catalog `catalog` failed: `message` says how (add the underlying error with [`Error::with_cause`]).
     pub fn catalog(catalog: impl Into<String>, message: impl std::fmt::Display, retryable: bool) -> Self {
         Error::Catalog { catalog: catalog.into(), message: message.to_string(), retryable, cause: None }

@@ -623,6 +623,35 @@ async fn one_sync_writes_every_sink_of_its_list() {
     }
 }
 
+/// The JSON-lines sink (`type = "jsonl"`, the smallest destination): a bootstrap copy, then one file per source
+/// snapshot, each holding what `cdc changes` gives for it; progress moves only with a landed file, and a run with
+/// nothing new writes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_jsonl_sink_holds_the_changes_file_by_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_c, table, wh) = quickstart_table(dir.path()).await;
+    let out = dir.path().join("changes");
+    let lineage = iceberg_cdc::spec::lineage::main_lineage(table.metadata());
+    let ids: Vec<String> = lineage.iter().map(|s| s.snapshot_id().to_string()).collect();
+    let cfg = config(dir.path(), &format!("{}\n[[sinks]]\ntype = \"jsonl\"\npath = \"{}\"\n", sql_config(&wh, "", ""), out.display()));
+    let cfg = cfg.to_str().unwrap();
+    ok(cdc(&["sync", "--config", cfg, "--to-snapshot", &ids[0]]));
+    ok(cdc(&["sync", "--config", cfg]));
+    ok(cdc(&["sync", "--config", cfg]));
+    let progress: Value = serde_json::from_str(&std::fs::read_to_string(out.join("progress.json")).unwrap()).unwrap();
+    assert_eq!(progress["commits"], ids.len() as u64, "a copy, then one file per snapshot; the last run wrote nothing: {progress}");
+    assert_eq!(progress["source_snapshot_id"].to_string(), ids[ids.len() - 1]);
+    let file = |n: usize| std::fs::read_to_string(out.join(format!("{n:010}.jsonl"))).unwrap();
+    let copy = parse_changes(&file(1));
+    let first = parse_changes(&ok(cdc(&["changes", "--config", cfg, "--to-snapshot", &ids[0]])));
+    assert_eq!(copy, first, "the copy is the first snapshot's rows");
+    for n in 2..=ids.len() {
+        let want = ok(cdc(&["changes", "--config", cfg, "--from-snapshot", &ids[n - 2], "--to-snapshot", &ids[n - 1]]));
+        assert_eq!(parse_changes(&file(n)), parse_changes(&want), "file {n}");
+    }
+    assert_eq!(walk(&out).len(), ids.len() + 1, "the files and progress.json, nothing left behind");
+}
+
 /// Issue 11's deterministic sequence: sync to snapshot 1; a second sync to snapshot 3 pauses before its first
 /// commit; a third syncs to the end; the paused one resumes. It must not apply anything again, and the progress
 /// must never move backwards.

@@ -96,7 +96,7 @@ impl HadoopCatalog {
         let not_found = || Error::TableNotFound { catalog: format!("hadoop:{}", self.warehouse.display()), table: ident.to_string() };
         let version = Self::current_version(&meta_dir).ok_or_else(not_found)?;
         let path = meta_dir.join(format!("v{version}.metadata.json"));
-        let text = std::fs::read(&path).map_err(|e| Error::data(path.display().to_string(), e))?;
+        let text = std::fs::read(&path).map_err(|e| Error::data_from(path.display().to_string(), e))?;
         let metadata: TableMetadata = serde_json::from_slice(&text)
             .map_err(|e| Error::data(path.display().to_string(), format!("invalid table metadata: {e}")).with_cause(e))?;
         Ok(Table::builder()

@@ -2,6 +2,12 @@
 //! parameters say `table_type = ICEBERG` and hold the current metadata file in `metadata_location` (Iceberg Java's
 //! convention, which Spark, Hive, Trino, Athena and `cdc` all follow). This module reads that convention and writes
 //! it — the parameters of a committed table and the columns tools show — the way Iceberg Java does.
+//!
+//! The catalog around it is the same for both, written once ([`MetastoreCatalog`]): a load reads the record's
+//! pointer and the metadata file it names; a create writes the first metadata file, then the record (the file is
+//! deleted when the record is refused); a commit writes the next metadata file, then swaps the pointer — each
+//! metastore in its own way ([`Metastore::swap`]: Hive under its table lock, Glue by record version) — deleting the
+//! file when the swap was refused and keeping it when its outcome is unknown (the catalog then looks for the commit).
 use std::collections::HashMap;
 
 use std::str::FromStr;
@@ -11,7 +17,108 @@ use iceberg::spec::{PrimitiveType, TableMetadata, TableMetadataBuilder, Type};
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableCreation, TableIdent, TableRequirement, TableUpdate};
 
+use super::{Backend, Swapped};
 use crate::error::{Error, Result};
+use crate::storage::CdcStorageFactory;
+
+/// What a metastore answers; the catalog around it is [`MetastoreCatalog`]'s, the same for every metastore.
+#[async_trait::async_trait]
+pub(crate) trait Metastore: Send + Sync + 'static {
+    /// Its table record (a Thrift struct, a Glue JSON object).
+    type Record: Send;
+    /// How messages about its one level of namespace name it ("a Hive Metastore", "the Glue Data Catalog").
+    const NAME: &'static str;
+    /// Where a missing table was looked for (`hive:thrift://HOST:PORT`, `glue:REGION`).
+    fn label(&self) -> String;
+    /// The tables' files, with this catalog's storage settings.
+    fn file_io(&self) -> FileIO;
+    /// How the tables' files are reached.
+    fn storage(&self) -> CdcStorageFactory;
+    /// The record of `db.name`; `None` when it (or its database) does not exist.
+    async fn record(&self, db: &str, name: &str) -> Result<Option<Self::Record>>;
+    /// The current metadata file a record names (an error naming the table when it is not an Iceberg table).
+    fn location(ident: &TableIdent, record: &Self::Record) -> Result<String>;
+    /// The directory new tables of `db` go to, creating the database when missing.
+    async fn database_location(&self, db: &str) -> Result<String>;
+    /// Creates the record of a new table whose first metadata file is `location`.
+    async fn create(&self, ident: &TableIdent, db: &str, name: &str, metadata: &TableMetadata, location: &str) -> Result<()>;
+    /// Points `db.name` at `new_location` when it still points at `base` (the metadata the change was planned on is
+    /// `old`, the new one `new`).
+    #[allow(clippy::too_many_arguments)]
+    async fn swap(
+        &self,
+        ident: &TableIdent,
+        db: &str,
+        name: &str,
+        base: &str,
+        old: &TableMetadata,
+        new: &TableMetadata,
+        new_location: &str,
+    ) -> std::result::Result<(), Refusal>;
+}
+
+/// How a [`Metastore::swap`] failed.
+pub(crate) enum Refusal {
+    /// Nothing points at the new metadata file (a conflict, an error before the call): it is deleted.
+    Refused(Error),
+    /// The swap may have landed ([`Error::CommitUnknown`]): the file stays, and the catalog looks for the commit.
+    Unknown(Error),
+}
+
+/// A [`Metastore`] as a catalog backend: the skeleton every metastore shares (see the module header).
+pub(crate) struct MetastoreCatalog<M>(pub(crate) M);
+
+#[async_trait::async_trait]
+impl<M: Metastore> Backend for MetastoreCatalog<M> {
+    async fn storage(&self, _: &Table) -> Result<CdcStorageFactory> {
+        Ok(self.0.storage())
+    }
+
+    /// One metastore call.
+    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
+        let (db, name) = db_and_name(M::NAME, ident)?;
+        match self.0.record(&db, &name).await? {
+            Some(r) => Ok(Some(M::location(ident, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+        let location =
+            self.metadata_location(ident).await?.ok_or_else(|| Error::TableNotFound { catalog: self.0.label(), table: ident.to_string() })?;
+        table_at(self.0.file_io(), ident, &location).await
+    }
+
+    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
+        let (db, name) = db_and_name(M::NAME, ident)?;
+        let location = match creation.location.clone() {
+            Some(l) => l,
+            None => format!("{}/{}", self.0.database_location(&db).await?.trim_end_matches('/'), name),
+        };
+        let io = self.0.file_io();
+        let (metadata, meta_loc) = write_first_metadata(&io, creation, location).await?;
+        if let Err(e) = self.0.create(ident, &db, &name, &metadata, &meta_loc).await {
+            let _ = io.delete(&meta_loc).await;
+            return Err(e);
+        }
+        table_at(io, ident, &meta_loc).await
+    }
+
+    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
+        let ident = table.identifier();
+        let (db, name) = db_and_name(M::NAME, ident)?;
+        let io = self.0.file_io();
+        let (base, new_meta, new_loc) = write_next_metadata(&io, table, &requirements, updates).await?;
+        match self.0.swap(ident, &db, &name, &base, table.metadata(), &new_meta, &new_loc).await {
+            Ok(()) => Ok(Swapped::Done(table_at(io, ident, &new_loc).await?)),
+            Err(Refusal::Refused(e)) => {
+                let _ = io.delete(&new_loc).await;
+                Err(e)
+            }
+            Err(Refusal::Unknown(e)) => Ok(Swapped::Unsure(e)),
+        }
+    }
+}
 
 /// Table parameter: the table format (`ICEBERG`).
 pub(crate) const TABLE_TYPE: &str = "table_type";

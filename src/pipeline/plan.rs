@@ -222,11 +222,10 @@ fn rewrite_chunk(range: Range, from: i64, common: Option<i64>, kind: RewriteKind
 /// in the same commits; any other set reads once per sink, so that each fails, lags and is counted alone. The Iceberg
 /// table comes first in a shared read (commit order: the table before the topic).
 pub(crate) fn shared_reads<C>(sinks: &[SinkConfig<C>]) -> Vec<Vec<usize>> {
-    let of = |iceberg: bool| -> Vec<usize> {
-        sinks.iter().enumerate().filter(|(_, s)| matches!(s, SinkConfig::Iceberg(_)) == iceberg).map(|(i, _)| i).collect()
-    };
-    match (of(true).as_slice(), of(false).as_slice()) {
-        ([t], [k]) => vec![vec![*t, *k]],
+    let tables: Vec<usize> = (0..sinks.len()).filter(|&i| matches!(sinks[i], SinkConfig::Iceberg(_))).collect();
+    let others: Vec<usize> = (0..sinks.len()).filter(|&i| !matches!(sinks[i], SinkConfig::Iceberg(_))).collect();
+    match (tables.as_slice(), others.as_slice()) {
+        ([t], [k]) if matches!(sinks[*k], SinkConfig::Kafka(_)) => vec![vec![*t, *k]],
         _ => (0..sinks.len()).map(|i| vec![i]).collect(),
     }
 }

@@ -340,6 +340,7 @@ impl ServiceConfig {
         Some(match sink {
             SinkConfig::Iceberg(t) => SinkConfig::Iceberg(t.clone().with_catalog(self.catalogs.get(&t.catalog)?.clone())),
             SinkConfig::Kafka(k) => SinkConfig::Kafka(k.clone()),
+            SinkConfig::Jsonl(j) => SinkConfig::Jsonl(j.clone()),
         })
     }
 

@@ -18,6 +18,7 @@
 //! one arm in [`open`].
 pub mod fanout;
 pub mod iceberg;
+pub mod jsonl;
 pub mod kafka;
 pub mod testing;
 
@@ -27,7 +28,7 @@ use arrow_array::RecordBatch;
 use crate::config::{Config, SinkConfig};
 use crate::error::{Error, Result};
 
-/// The destinations `cfg` lists, in commit order (Iceberg tables before Kafka topics), each owning its catalog or
+/// The destinations `cfg` lists, in commit order (Iceberg tables before the others), each owning its catalog or
 /// client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
 pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Vec<Box<dyn Sink>>> {
     if cfg.sinks.is_empty() {
@@ -36,12 +37,13 @@ pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Ve
         ]));
     }
     let mut ordered: Vec<&SinkConfig> = cfg.sinks.iter().collect();
-    ordered.sort_by_key(|s| matches!(s, SinkConfig::Kafka(_)));
+    ordered.sort_by_key(|s| !matches!(s, SinkConfig::Iceberg(_)));
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     for s in ordered {
         sinks.push(match s {
             SinkConfig::Iceberg(t) => Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget, lifetime).await?),
             SinkConfig::Kafka(k) => Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)),
+            SinkConfig::Jsonl(j) => Box::new(jsonl::JsonlSink::new(j.clone(), cfg.engine.memory_budget)),
         });
     }
     Ok(sinks)

@@ -189,7 +189,7 @@ async fn load(table: &Table, manifests: Vec<ManifestFile>, concurrency: usize) -
 /// The parsed manifest `mf` names, from the process's cache ([`cached`]) or read and parsed once.
 pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -> Result<Arc<Manifest>> {
     let path = mf.manifest_path.clone();
-    cached().try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) }).await.map_err(|e| Error::data(path, e.to_string()))
+    cached().try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) }).await.map_err(|e| Error::data_from(path, e))
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.

@@ -299,10 +299,10 @@ fn projected_stream(
         .map(|(i, _)| i)
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let stream = builder.with_projection(mask).with_batch_size(BATCH_SIZE).build().map_err(|e| Error::data(path, e))?;
+    let stream = builder.with_projection(mask).with_batch_size(BATCH_SIZE).build().map_err(|e| Error::data_from(path, e))?;
     let path = path.to_string();
     Ok(stream.map(move |b| {
-        let b = b.map_err(|e| Error::data(&path, e))?;
+        let b = b.map_err(|e| Error::data_from(&path, e))?;
         project(&b, &target).map_err(|e| Error::data(&path, e))
     }))
 }
@@ -378,9 +378,9 @@ pub async fn read_dv(file_io: &FileIO, entry: &FileEntry) -> Result<RoaringTreem
         (Some(o), Some(l)) if o >= 0 && l > 0 => (o as u64, l as u64),
         _ => return Err(Error::data(path, "deletion vector without content_offset/content_size_in_bytes")),
     };
-    let input = file_io.new_input(path).map_err(|e| Error::data(path, e))?;
-    let reader = input.reader().await.map_err(|e| Error::data(path, e))?;
-    let blob = reader.read(off..off + len).await.map_err(|e| Error::data(path, e))?;
+    let input = file_io.new_input(path).map_err(|e| Error::data_from(path, e))?;
+    let reader = input.reader().await.map_err(|e| Error::data_from(path, e))?;
+    let blob = reader.read(off..off + len).await.map_err(|e| Error::data_from(path, e))?;
     let bm = dv::decode(&blob).map_err(|e| Error::data(path, e))?;
     if bm.len() != entry.file.record_count() {
         return Err(Error::data(

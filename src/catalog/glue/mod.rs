@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
-use iceberg::table::Table;
-use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
+use iceberg::TableIdent;
 use serde_json::{json, Map, Value};
 
-use super::{metastore, Backend, Swapped};
+use super::metastore::{self, Metastore, MetastoreCatalog, Refusal};
+use super::Backend;
 use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
@@ -112,15 +112,6 @@ impl GlueCatalog {
             .build()
             .map_err(|e| Error::catalog("glue", format!("cannot build an HTTP client: {e}"), false))?;
         Ok(GlueCatalog { http, endpoint, region, catalog_id: props.get(keys::CATALOG_ID).cloned(), credentials, warehouse, storage, storage_props })
-    }
-
-    fn file_io(&self) -> FileIO {
-        storage::file_io(self.storage.clone(), &self.storage_props)
-    }
-
-    /// The storage factory of this catalog's tables.
-    pub(crate) fn storage(&self) -> CdcStorageFactory {
-        self.storage.clone()
     }
 
     fn error(&self, what: &str, e: CallError) -> Error {
@@ -214,10 +205,6 @@ impl GlueCatalog {
         Err(CallError { maybe_applied: status.is_server_error(), retryable: throttled || status.is_server_error(), kind, message })
     }
 
-    fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
-        metastore::db_and_name("the Glue Data Catalog", ident)
-    }
-
     /// The Glue table, `None` when it (or its database) does not exist.
     async fn glue_table(&self, db: &str, name: &str) -> Result<Option<Map<String, Value>>> {
         match self.call("GetTable", json!({"DatabaseName": db, "Name": name}), true).await {
@@ -237,34 +224,8 @@ impl GlueCatalog {
             .unwrap_or_default()
     }
 
-    fn iceberg_location(ident: &TableIdent, t: &Map<String, Value>) -> Result<String> {
-        metastore::iceberg_location("glue", ident, &Self::parameters(t).into_iter().collect())
-    }
-
-    /// The current metadata file of `ident` (one Glue call), `None` when the table does not exist.
-    pub async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
-        let (db, name) = Self::db_and_name(ident)?;
-        match self.glue_table(&db, &name).await? {
-            Some(t) => Ok(Some(Self::iceberg_location(ident, &t)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Loads `ident`'s current metadata.
-    pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
-        let location = self
-            .metadata_location(ident)
-            .await?
-            .ok_or_else(|| Error::TableNotFound { catalog: format!("glue:{}", self.region), table: ident.to_string() })?;
-        self.table_at(ident, &location).await
-    }
-
-    async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
-        metastore::table_at(self.file_io(), ident, location).await
-    }
-
     /// Where a new table of `db` goes: the database's location, or `<warehouse>/<db>.db`; creates a missing database.
-    async fn database_location(&self, db: &str) -> Result<String> {
+    async fn database_location_of(&self, db: &str) -> Result<String> {
         let fallback = self.warehouse.as_deref().map(|w| format!("{}/{db}.db", w.trim_end_matches('/')));
         match self.call("GetDatabase", json!({"Name": db}), true).await {
             Ok(v) => {
@@ -287,68 +248,6 @@ impl GlueCatalog {
             Err(e) => return Err(self.error(&format!("cannot create database {db}"), e)),
         }
         Ok(location)
-    }
-
-    /// Creates `ident`: its first metadata file, then the Glue table pointing at it.
-    pub async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
-        let (db, name) = Self::db_and_name(ident)?;
-        let location = match creation.location.clone() {
-            Some(l) => l,
-            None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
-        };
-        let io = self.file_io();
-        let (metadata, meta_loc) = metastore::write_first_metadata(&io, creation, location).await?;
-        let input = table_input(Map::new(), &name, None, &metadata, &meta_loc, None);
-        if let Err(e) = self.call("CreateTable", json!({"DatabaseName": db, "TableInput": input}), false).await {
-            let _ = io.delete(&meta_loc).await;
-            return Err(if e.kind == "AlreadyExistsException" {
-                Error::catalog("glue", format!("table {ident} already exists"), false)
-            } else {
-                self.error(&format!("cannot create table {ident}"), e)
-            });
-        }
-        self.table_at(ident, &meta_loc).await
-    }
-
-    /// Applies `updates` when `requirements` hold and Glue still points at `table`'s metadata file (see the module
-    /// header). Returns the committed table.
-    pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
-        let ident = table.identifier();
-        let (db, name) = Self::db_and_name(ident)?;
-        let io = self.file_io();
-        let (base, new_meta, new_loc) = metastore::write_next_metadata(&io, table, &requirements, updates).await?;
-        let refused = |e: Error| async {
-            let _ = io.delete(&new_loc).await;
-            Err(e)
-        };
-
-        let current = match self.glue_table(&db, &name).await {
-            Ok(Some(t)) => t,
-            Ok(None) => return refused(Error::TableNotFound { catalog: format!("glue:{}", self.region), table: ident.to_string() }).await,
-            Err(e) => return refused(e).await,
-        };
-        match Self::iceberg_location(ident, &current) {
-            Ok(l) if l == base => {}
-            Ok(l) => {
-                let message = format!("Glue points at {l}, not at {base} the change was planned on");
-                return refused(Error::Conflict { table: ident.to_string(), message }).await;
-            }
-            Err(e) => return refused(e).await,
-        }
-        let version = current.get("VersionId").cloned();
-        let input = table_input(current, &name, Some(table.metadata()), &new_meta, &new_loc, Some(&base));
-        let mut body = json!({"DatabaseName": db, "TableInput": input, "SkipArchive": true});
-        if let Some(v) = version {
-            body["VersionId"] = v;
-        }
-        match self.call("UpdateTable", body, false).await {
-            Ok(_) => self.table_at(ident, &new_loc).await,
-            Err(e) if e.kind == "ConcurrentModificationException" => {
-                refused(Error::Conflict { table: ident.to_string(), message: e.to_string() }).await
-            }
-            Err(e) if e.maybe_applied => Err(Error::CommitUnknown { catalog: "glue".into(), message: e.to_string() }),
-            Err(e) => refused(self.error(&format!("Glue refused the commit to {ident}"), e)).await,
-        }
     }
 }
 
@@ -421,28 +320,82 @@ pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
 
 /// A client of the Data Catalog `cfg` names.
 pub(crate) fn connect(cfg: &CatalogConfig) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(GlueCatalog::new(&cfg.props, cfg.warehouse.clone(), super::storage_factory(cfg))?))
+    Ok(Box::new(MetastoreCatalog(GlueCatalog::new(&cfg.props, cfg.warehouse.clone(), super::storage_factory(cfg))?)))
 }
 
 #[async_trait::async_trait]
-impl Backend for GlueCatalog {
-    async fn storage(&self, _: &Table) -> Result<CdcStorageFactory> {
-        Ok(GlueCatalog::storage(self))
+impl Metastore for GlueCatalog {
+    type Record = Map<String, Value>;
+    const NAME: &'static str = "the Glue Data Catalog";
+
+    fn label(&self) -> String {
+        format!("glue:{}", self.region)
     }
-    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
-        GlueCatalog::load_table(self, ident).await
+
+    fn file_io(&self) -> FileIO {
+        storage::file_io(self.storage.clone(), &self.storage_props)
     }
-    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
-        GlueCatalog::metadata_location(self, ident).await
+
+    fn storage(&self) -> CdcStorageFactory {
+        self.storage.clone()
     }
-    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
-        GlueCatalog::create_table(self, ident, creation).await
+
+    async fn record(&self, db: &str, name: &str) -> Result<Option<Map<String, Value>>> {
+        self.glue_table(db, name).await
     }
-    /// A commit whose lock or call outcome is unknown ([`Error::CommitUnknown`]) is looked for in the table.
-    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
-        match self.commit(table, requirements, updates).await {
-            Err(e @ Error::CommitUnknown { .. }) => Ok(Swapped::Unsure(e)),
-            other => other.map(Swapped::Done),
+
+    fn location(ident: &TableIdent, t: &Map<String, Value>) -> Result<String> {
+        metastore::iceberg_location("glue", ident, &Self::parameters(t).into_iter().collect())
+    }
+
+    async fn database_location(&self, db: &str) -> Result<String> {
+        self.database_location_of(db).await
+    }
+
+    /// The Glue table pointing at `location`.
+    async fn create(&self, ident: &TableIdent, db: &str, name: &str, metadata: &TableMetadata, location: &str) -> Result<()> {
+        let input = table_input(Map::new(), name, None, metadata, location, None);
+        match self.call("CreateTable", json!({"DatabaseName": db, "TableInput": input}), false).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == "AlreadyExistsException" => Err(Error::catalog("glue", format!("table {ident} already exists"), false)),
+            Err(e) => Err(self.error(&format!("cannot create table {ident}"), e)),
+        }
+    }
+
+    /// `UpdateTable` with the record's `VersionId`, after checking the record still points at `base`.
+    async fn swap(
+        &self,
+        ident: &TableIdent,
+        db: &str,
+        name: &str,
+        base: &str,
+        old: &TableMetadata,
+        new: &TableMetadata,
+        new_location: &str,
+    ) -> std::result::Result<(), Refusal> {
+        let current = self
+            .glue_table(db, name)
+            .await
+            .map_err(Refusal::Refused)?
+            .ok_or_else(|| Refusal::Refused(Error::TableNotFound { catalog: self.label(), table: ident.to_string() }))?;
+        let pointer = Self::location(ident, &current).map_err(Refusal::Refused)?;
+        if pointer != base {
+            let message = format!("Glue points at {pointer}, not at {base} the change was planned on");
+            return Err(Refusal::Refused(Error::Conflict { table: ident.to_string(), message }));
+        }
+        let version = current.get("VersionId").cloned();
+        let input = table_input(current, name, Some(old), new, new_location, Some(base));
+        let mut body = json!({"DatabaseName": db, "TableInput": input, "SkipArchive": true});
+        if let Some(v) = version {
+            body["VersionId"] = v;
+        }
+        match self.call("UpdateTable", body, false).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == "ConcurrentModificationException" => {
+                Err(Refusal::Refused(Error::Conflict { table: ident.to_string(), message: e.to_string() }))
+            }
+            Err(e) if e.maybe_applied => Err(Refusal::Unknown(Error::CommitUnknown { catalog: "glue".into(), message: e.to_string() })),
+            Err(e) => Err(Refusal::Refused(self.error(&format!("Glue refused the commit to {ident}"), e))),
         }
     }
 }
@@ -455,7 +408,7 @@ mod tests {
     fn metadata(props: &[(&str, &str)]) -> TableMetadata {
         let schema =
             Schema::builder().with_fields(vec![NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into()]).build().unwrap();
-        let creation = TableCreation::builder()
+        let creation = iceberg::TableCreation::builder()
             .name("t".into())
             .location("s3://b/wh/db.db/t".into())
             .schema(schema)
@@ -538,6 +491,6 @@ mod tests {
 
     #[test]
     fn namespaces_are_one_level() {
-        assert!(GlueCatalog::db_and_name(&TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
+        assert!(metastore::db_and_name(GlueCatalog::NAME, &TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
     }
 }

@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
-use iceberg::table::Table;
-use iceberg::{TableCreation, TableIdent, TableRequirement, TableUpdate};
+use iceberg::TableIdent;
 
-use super::{metastore, Backend, Swapped};
+use super::metastore::{self, Metastore, MetastoreCatalog, Refusal};
+use super::Backend;
 use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
@@ -116,15 +116,6 @@ impl HiveCatalog {
         Ok(HiveCatalog { addr, warehouse, storage, props, conn: Arc::default(), lock_timeout })
     }
 
-    fn file_io(&self) -> FileIO {
-        storage::file_io(self.storage.clone(), &self.props)
-    }
-
-    /// The storage factory of this catalog's tables.
-    pub(crate) fn storage(&self) -> CdcStorageFactory {
-        self.storage.clone()
-    }
-
     fn error(&self, what: &str, e: CallError) -> Error {
         let retryable = matches!(e, CallError::Io { .. });
         let hint = match &e {
@@ -163,10 +154,6 @@ impl HiveCatalog {
         }
     }
 
-    fn db_and_name(ident: &TableIdent) -> Result<(String, String)> {
-        metastore::db_and_name("a Hive Metastore", ident)
-    }
-
     /// The Metastore table, `None` when it (or its database) does not exist.
     async fn hms_table(&self, db: &str, name: &str) -> Result<Option<Struct>> {
         let req = Struct::of([(1, Value::str(db)), (2, Value::str(name))]);
@@ -184,32 +171,6 @@ impl HiveCatalog {
 
     fn parameters(t: &Struct) -> HashMap<String, String> {
         t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default().into_iter().collect()
-    }
-
-    fn iceberg_location(ident: &TableIdent, t: &Struct) -> Result<String> {
-        metastore::iceberg_location("hive", ident, &Self::parameters(t))
-    }
-
-    /// The current metadata file of `ident` (one Metastore call), `None` when the table does not exist.
-    pub async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
-        let (db, name) = Self::db_and_name(ident)?;
-        match self.hms_table(&db, &name).await? {
-            Some(t) => Ok(Some(Self::iceberg_location(ident, &t)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Loads `ident`'s current metadata.
-    pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
-        let location = self
-            .metadata_location(ident)
-            .await?
-            .ok_or_else(|| Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() })?;
-        self.table_at(ident, &location).await
-    }
-
-    async fn table_at(&self, ident: &TableIdent, location: &str) -> Result<Table> {
-        metastore::table_at(self.file_io(), ident, location).await
     }
 
     /// The directory of database `db`, creating the database when missing (in `<warehouse>/<db>.db`, Hive's layout).
@@ -241,64 +202,6 @@ impl HiveCatalog {
         Ok(location)
     }
 
-    /// Creates `ident`: its first metadata file, then the Metastore table pointing at it.
-    pub async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
-        let (db, name) = Self::db_and_name(ident)?;
-        let location = match creation.location.clone() {
-            Some(l) => l,
-            None => format!("{}/{}", self.database_location(&db).await?.trim_end_matches('/'), name),
-        };
-        let (metadata, meta_loc) = metastore::write_first_metadata(&self.file_io(), creation, location).await?;
-        let now = chrono::Utc::now().timestamp() as i32;
-        let mut t = Struct::of([
-            (table::NAME, Value::str(&name)),
-            (table::DB, Value::str(&db)),
-            (table::OWNER, Value::str(user())),
-            (table::CREATE_TIME, Value::I32(now)),
-            (table::LAST_ACCESS_TIME, Value::I32(now)),
-            (table::RETENTION, Value::I32(i32::MAX)),
-            (table::SD, Value::Struct(storage_descriptor(&metadata))),
-            (table::PARTITION_KEYS, Value::struct_list(Vec::new())),
-            (table::PARAMETERS, Value::string_map([])),
-            (table::TABLE_TYPE, Value::str("EXTERNAL_TABLE")),
-        ]);
-        set_parameters(&mut t, None, &metadata, &meta_loc, None);
-        match self.call("create_table", vec![Value::Struct(t)], Idempotent::No).await {
-            Ok(_) => {}
-            Err(e) => {
-                let _ = self.file_io().delete(&meta_loc).await;
-                return Err(match e {
-                    CallError::Declared { field: 1, .. } => Error::catalog("hive", format!("table {ident} already exists"), false),
-                    e => self.error(&format!("cannot create table {ident}"), e),
-                });
-            }
-        }
-        self.table_at(ident, &meta_loc).await
-    }
-
-    /// Applies `updates` when `requirements` hold and the Metastore still points at `table`'s metadata file (see the
-    /// module header for the protocol). Returns the committed table.
-    pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
-        let ident = table.identifier();
-        let (db, name) = Self::db_and_name(ident)?;
-        let io = self.file_io();
-        let (base, new_meta, new_loc) = metastore::write_next_metadata(&io, table, &requirements, updates).await?;
-
-        let lock = self.lock(&db, &name).await?;
-        let outcome = self.swap_locked(&db, &name, ident, &base, &new_loc, table.metadata(), &new_meta).await;
-        self.unlock(lock).await;
-        match outcome {
-            Ok(()) => self.table_at(ident, &new_loc).await,
-            Err(Swap::Refused(e)) => {
-                // the Metastore did not take the new file: nothing points at it
-                let _ = io.delete(&new_loc).await;
-                Err(e)
-            }
-            // the alter may have landed: the file must stay; the caller checks by reloading
-            Err(Swap::Unknown(e)) => Err(e),
-        }
-    }
-
     #[allow(clippy::too_many_arguments)]
     async fn swap_locked(
         &self,
@@ -309,15 +212,14 @@ impl HiveCatalog {
         new_loc: &str,
         old_meta: &TableMetadata,
         new_meta: &TableMetadata,
-    ) -> std::result::Result<(), Swap> {
-        let mut t = self
-            .hms_table(db, name)
-            .await
-            .map_err(Swap::Refused)?
-            .ok_or_else(|| Swap::Refused(Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() }))?;
-        let current = Self::iceberg_location(ident, &t).map_err(Swap::Refused)?;
+    ) -> std::result::Result<(), Refusal> {
+        let mut t =
+            self.hms_table(db, name).await.map_err(Refusal::Refused)?.ok_or_else(|| {
+                Refusal::Refused(Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() })
+            })?;
+        let current = Self::location(ident, &t).map_err(Refusal::Refused)?;
         if current != base {
-            return Err(Swap::Refused(Error::Conflict {
+            return Err(Refusal::Refused(Error::Conflict {
                 table: ident.to_string(),
                 message: format!("the Metastore points at {current}, not at {base} the change was planned on"),
             }));
@@ -334,13 +236,13 @@ impl HiveCatalog {
             Err(e @ CallError::Declared { .. }) => {
                 let msg = e.declared_message().unwrap_or_default();
                 if msg.contains("has been modified") {
-                    Err(Swap::Refused(Error::Conflict { table: ident.to_string(), message: msg }))
+                    Err(Refusal::Refused(Error::Conflict { table: ident.to_string(), message: msg }))
                 } else {
-                    Err(Swap::Refused(self.error(&format!("the Metastore refused the commit to {ident}"), e)))
+                    Err(Refusal::Refused(self.error(&format!("the Metastore refused the commit to {ident}"), e)))
                 }
             }
-            Err(e @ CallError::Io { sent: false, .. }) => Err(Swap::Refused(self.error(&format!("commit to {ident}"), e))),
-            Err(e) => Err(Swap::Unknown(Error::CommitUnknown { catalog: "hive".into(), message: e.to_string() })),
+            Err(e @ CallError::Io { sent: false, .. }) => Err(Refusal::Refused(self.error(&format!("commit to {ident}"), e))),
+            Err(e) => Err(Refusal::Unknown(Error::CommitUnknown { catalog: "hive".into(), message: e.to_string() })),
         }
     }
 
@@ -476,12 +378,6 @@ enum LockState {
     Refused,
 }
 
-/// How a swap failed: the Metastore surely did not take it, or it may have.
-enum Swap {
-    Refused(Error),
-    Unknown(Error),
-}
-
 /// Sets the Metastore parameters of a committed table ([`metastore::parameters`]).
 fn set_parameters(t: &mut Struct, old: Option<&TableMetadata>, new: &TableMetadata, location: &str, previous: Option<&str>) {
     let params = metastore::parameters(t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default(), old, new, location, previous);
@@ -543,29 +439,81 @@ pub(crate) fn validate(cfg: &CatalogConfig, field: &str, p: &mut Vec<String>) {
 pub(crate) fn connect(cfg: &CatalogConfig) -> Result<Box<dyn Backend>> {
     let uri = cfg.props.get("uri").map(String::as_str).unwrap_or_default();
     let props = cfg.props.iter().filter(|(k, _)| k.as_str() != "uri").map(|(k, v)| (k.clone(), v.clone())).collect();
-    Ok(Box::new(HiveCatalog::new(uri, cfg.warehouse.clone(), super::storage_factory(cfg), props)?))
+    Ok(Box::new(MetastoreCatalog(HiveCatalog::new(uri, cfg.warehouse.clone(), super::storage_factory(cfg), props)?)))
 }
 
 #[async_trait::async_trait]
-impl Backend for HiveCatalog {
-    async fn storage(&self, _: &Table) -> Result<CdcStorageFactory> {
-        Ok(HiveCatalog::storage(self))
+impl Metastore for HiveCatalog {
+    type Record = Struct;
+    const NAME: &'static str = "a Hive Metastore";
+
+    fn label(&self) -> String {
+        format!("hive:thrift://{}", self.addr)
     }
-    async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
-        HiveCatalog::load_table(self, ident).await
+
+    fn file_io(&self) -> FileIO {
+        storage::file_io(self.storage.clone(), &self.props)
     }
-    async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
-        HiveCatalog::metadata_location(self, ident).await
+
+    fn storage(&self) -> CdcStorageFactory {
+        self.storage.clone()
     }
-    async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
-        HiveCatalog::create_table(self, ident, creation).await
+
+    async fn record(&self, db: &str, name: &str) -> Result<Option<Struct>> {
+        self.hms_table(db, name).await
     }
-    /// A commit whose lock or call outcome is unknown ([`Error::CommitUnknown`]) is looked for in the table.
-    async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
-        match self.commit(table, requirements, updates).await {
-            Err(e @ Error::CommitUnknown { .. }) => Ok(Swapped::Unsure(e)),
-            other => other.map(Swapped::Done),
+
+    fn location(ident: &TableIdent, t: &Struct) -> Result<String> {
+        metastore::iceberg_location("hive", ident, &Self::parameters(t))
+    }
+
+    async fn database_location(&self, db: &str) -> Result<String> {
+        HiveCatalog::database_location(self, db).await
+    }
+
+    /// The Metastore table pointing at `location`.
+    async fn create(&self, ident: &TableIdent, db: &str, name: &str, metadata: &TableMetadata, location: &str) -> Result<()> {
+        let now = chrono::Utc::now().timestamp() as i32;
+        let mut t = Struct::of([
+            (table::NAME, Value::str(name)),
+            (table::DB, Value::str(db)),
+            (table::OWNER, Value::str(user())),
+            (table::CREATE_TIME, Value::I32(now)),
+            (table::LAST_ACCESS_TIME, Value::I32(now)),
+            (table::RETENTION, Value::I32(i32::MAX)),
+            (table::SD, Value::Struct(storage_descriptor(metadata))),
+            (table::PARTITION_KEYS, Value::struct_list(Vec::new())),
+            (table::PARAMETERS, Value::string_map([])),
+            (table::TABLE_TYPE, Value::str("EXTERNAL_TABLE")),
+        ]);
+        set_parameters(&mut t, None, metadata, location, None);
+        match self.call("create_table", vec![Value::Struct(t)], Idempotent::No).await {
+            Ok(_) => {}
+            Err(e) => {
+                return Err(match e {
+                    CallError::Declared { field: 1, .. } => Error::catalog("hive", format!("table {ident} already exists"), false),
+                    e => self.error(&format!("cannot create table {ident}"), e),
+                });
+            }
         }
+        Ok(())
+    }
+
+    /// Under the Metastore's EXCLUSIVE table lock (see the module header for the protocol).
+    async fn swap(
+        &self,
+        ident: &TableIdent,
+        db: &str,
+        name: &str,
+        base: &str,
+        old: &TableMetadata,
+        new: &TableMetadata,
+        new_location: &str,
+    ) -> std::result::Result<(), Refusal> {
+        let lock = self.lock(db, name).await.map_err(Refusal::Refused)?;
+        let outcome = self.swap_locked(db, name, ident, base, new_location, old, new).await;
+        self.unlock(lock).await;
+        outcome
     }
 }
 
@@ -625,7 +573,7 @@ mod tests {
 
     #[test]
     fn namespaces_are_one_level() {
-        assert!(HiveCatalog::db_and_name(&TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
-        assert_eq!(HiveCatalog::db_and_name(&TableIdent::from_strs(["a", "t"]).unwrap()).unwrap(), ("a".into(), "t".into()));
+        assert!(metastore::db_and_name(HiveCatalog::NAME, &TableIdent::from_strs(["a", "b", "t"]).unwrap()).is_err());
+        assert_eq!(metastore::db_and_name(HiveCatalog::NAME, &TableIdent::from_strs(["a", "t"]).unwrap()).unwrap(), ("a".into(), "t".into()));
     }
 }

@@ -40,7 +40,7 @@ pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let path = path.to_string();
     // decoded lazily, a batch per poll (a few milliseconds of work)
     let stream =
-        futures::stream::iter(reader).map(move |b| -> Result<RecordBatch> { relabel_batch(&b.map_err(|e| Error::data(&path, e))?, &schema) });
+        futures::stream::iter(reader).map(move |b| -> Result<RecordBatch> { relabel_batch(&b.map_err(|e| Error::data_from(&path, e))?, &schema) });
     Ok(Opened { stream: stream.boxed(), rows, fetched })
 }
 

@@ -34,7 +34,7 @@ pub(crate) fn opening_error(path: &str, e: iceberg::Error) -> Error {
     if e.to_string().contains("No such file") || e.to_string().contains("NotFound") {
         Error::MissingFile { path: path.to_string() }
     } else {
-        Error::data(path, e)
+        Error::data_from(path, e)
     }
 }
 

@@ -79,7 +79,7 @@ pub(crate) async fn open(file_io: &FileIO, path: &str) -> Result<Opened> {
     let stream = builder
         .build_async()
         .map(move |b| {
-            let b = b.map_err(|e| Error::data(&path_owned, e))?;
+            let b = b.map_err(|e| Error::data_from(&path_owned, e))?;
             relabel_batch(&b, &schema)
         })
         .boxed();
