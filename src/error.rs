@@ -254,6 +254,17 @@ pub enum Error {
     /// A bug: something that should not happen did.
     #[error("{0}")]
     Internal(String),
+
+    /// A bug met through another error (a task that panicked, a builder that refused what we built): `what` was
+    /// being done; the error beneath is kept.
+    #[error("{what}: {cause}")]
+    Failed {
+        /// What was being done.
+        what: String,
+        /// The error beneath.
+        #[source]
+        cause: Cause,
+    },
 }
 
 /// The error beneath one of ours, kept for `source()` chains.
@@ -315,7 +326,7 @@ impl Error {
             Error::Io { .. } => "io",
             Error::Iceberg(_) => "iceberg",
             Error::Cancelled => "cancelled",
-            Error::Internal(_) | Error::Arrow(_) => "internal",
+            Error::Internal(_) | Error::Failed { .. } | Error::Arrow(_) => "internal",
         }
     }
 
@@ -368,7 +379,7 @@ impl Error {
                 iceberg::ErrorKind::DataInvalid => exit::DATA,
                 _ => exit::INTERNAL,
             },
-            Error::Internal(_) | Error::Arrow(_) => exit::INTERNAL,
+            Error::Internal(_) | Error::Failed { .. } | Error::Arrow(_) => exit::INTERNAL,
             Error::Cancelled => exit::CANCELLED,
         }
     }
@@ -376,6 +387,11 @@ impl Error {
     /// File `path` cannot be read: `message` says why.
     pub fn data(path: impl Into<String>, message: impl std::fmt::Display) -> Self {
         Error::Data { path: path.into(), message: message.to_string(), cause: None }
+    }
+
+    /// A bug met through `e` while doing `what` ([`Error::Failed`]).
+    pub fn failed<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>, e: E) -> Self {
+        Error::Failed { what: what.into(), cause: Cause::new(e) }
     }
 
     /// The file at `path` could not be read or decoded because of `e`, which stays the error's cause.

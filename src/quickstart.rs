@@ -125,7 +125,7 @@ pub async fn run(dir: &Path, changes_only: bool) -> Result<()> {
     });
     let result = follow(&catalog, table).await;
     let _ = stop.send(true);
-    let stopped = service.await.map_err(|e| Error::Internal(format!("service task: {e}")))?;
+    let stopped = service.await.map_err(|e| Error::failed("service task", e))?;
     result?;
     stopped?;
     eprintln!("quickstart: service stopped cleanly. Run it yourself: cdc run --config {}", service_path.display());

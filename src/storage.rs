@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use iceberg::io::{
@@ -115,30 +114,28 @@ impl IoStats {
 }
 
 /// Credentials laid over a table's static storage properties, renewed by their owner.
+#[async_trait::async_trait]
 pub trait StorageCredentials: fmt::Debug + Send + Sync {
     /// The properties to use now (e.g. `gcs.oauth2.token`); callers compare them to decide whether to rebuild.
-    fn current(&self) -> BoxFuture<'_, Result<HashMap<String, String>>>;
+    async fn current(&self) -> Result<HashMap<String, String>>;
 
     /// The storage refused what [`Self::current`] returned (HTTP 401): fetch anew next time.
-    fn invalidate(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
-    }
+    async fn invalidate(&self) {}
 }
 
 /// A Google token source as storage credentials (`gcs.oauth2.token`).
 #[derive(Debug)]
 pub struct GoogleStorageToken(pub Arc<TokenSource>);
 
+#[async_trait::async_trait]
 impl StorageCredentials for GoogleStorageToken {
-    fn current(&self) -> BoxFuture<'_, Result<HashMap<String, String>>> {
-        Box::pin(async move {
-            let t = self.0.token().await?;
-            Ok(HashMap::from([(props::GCS_TOKEN.to_string(), t.secret)]))
-        })
+    async fn current(&self) -> Result<HashMap<String, String>> {
+        let t = self.0.token().await?;
+        Ok(HashMap::from([(props::GCS_TOKEN.to_string(), t.secret)]))
     }
 
-    fn invalidate(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.0.invalidate())
+    async fn invalidate(&self) {
+        self.0.invalidate().await
     }
 }
 

@@ -137,7 +137,7 @@ impl HadoopCatalog {
     }
 
     fn write_version(&self, meta_dir: &Path, version: u64, metadata: &TableMetadata) -> Result<()> {
-        let json = serde_json::to_vec(metadata).map_err(|e| Error::Internal(e.to_string()))?;
+        let json = serde_json::to_vec(metadata).map_err(|e| Error::failed("encoding table metadata", e))?;
         let tmp = meta_dir.join(format!(".v{version}-{}.tmp", uuid::Uuid::new_v4()));
         if let Err(e) = std::fs::write(&tmp, &json) {
             let _ = std::fs::remove_file(&tmp); // a full disk leaves a partial file: never leave it behind

@@ -42,19 +42,26 @@ pub(crate) trait Metastore: Send + Sync + 'static {
     async fn database_location(&self, db: &str) -> Result<String>;
     /// Creates the record of a new table whose first metadata file is `location`.
     async fn create(&self, ident: &TableIdent, db: &str, name: &str, metadata: &TableMetadata, location: &str) -> Result<()>;
-    /// Points `db.name` at `new_location` when it still points at `base` (the metadata the change was planned on is
-    /// `old`, the new one `new`).
-    #[allow(clippy::too_many_arguments)]
-    async fn swap(
-        &self,
-        ident: &TableIdent,
-        db: &str,
-        name: &str,
-        base: &str,
-        old: &TableMetadata,
-        new: &TableMetadata,
-        new_location: &str,
-    ) -> std::result::Result<(), Refusal>;
+    /// Points the table at the new metadata file when it still points at the one the change was planned on.
+    async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal>;
+}
+
+/// A commit's change of a metastore table's pointer.
+pub(crate) struct Change<'a> {
+    /// The table.
+    pub ident: &'a TableIdent,
+    /// Its database …
+    pub db: &'a str,
+    /// … and name there.
+    pub name: &'a str,
+    /// The metadata file the change was planned on, and its metadata.
+    pub base: &'a str,
+    /// See `base`.
+    pub old: &'a TableMetadata,
+    /// The new metadata file, already written, and its metadata.
+    pub new_location: &'a str,
+    /// See `new_location`.
+    pub new: &'a TableMetadata,
 }
 
 /// How a [`Metastore::swap`] failed.
@@ -109,7 +116,8 @@ impl<M: Metastore> Backend for MetastoreCatalog<M> {
         let (db, name) = db_and_name(M::NAME, ident)?;
         let io = self.0.file_io();
         let (base, new_meta, new_loc) = write_next_metadata(&io, table, &requirements, updates).await?;
-        match self.0.swap(ident, &db, &name, &base, table.metadata(), &new_meta, &new_loc).await {
+        let change = Change { ident, db: &db, name: &name, base: &base, old: table.metadata(), new_location: &new_loc, new: &new_meta };
+        match self.0.swap(&change).await {
             Ok(()) => Ok(Swapped::Done(table_at(io, ident, &new_loc).await?)),
             Err(Refusal::Refused(e)) => {
                 let _ = io.delete(&new_loc).await;

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::future::BoxFuture;
 use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
 use iceberg::table::Table;
@@ -475,7 +474,7 @@ impl RestClient {
         let mut props = self.storage_props.clone();
         props.extend(resp.config.iter().filter(|(k, _)| sp::PREFIXES.iter().any(|p| k.starts_with(p))).map(|(k, v)| (k.clone(), v.clone())));
         let io: FileIO = storage::file_io(CdcStorageFactory::with_credentials(credentials), &props);
-        let runtime = iceberg::Runtime::try_current().map_err(|e| Error::Internal(format!("no async runtime: {e}")))?;
+        let runtime = iceberg::Runtime::try_current().map_err(|e| Error::failed("no async runtime", e))?;
         let mut b = Table::builder().metadata(resp.metadata).identifier(ident.clone()).file_io(io).runtime(runtime);
         if let Some(l) = meta_loc {
             b = b.metadata_location(l);
@@ -579,10 +578,10 @@ impl RestClient {
             body["location"] = serde_json::json!(l);
         }
         if let Some(p) = &creation.partition_spec {
-            body["partition-spec"] = serde_json::to_value(p).map_err(|e| Error::Internal(e.to_string()))?;
+            body["partition-spec"] = serde_json::to_value(p).map_err(|e| Error::failed("encoding the partition spec", e))?;
         }
         if let Some(o) = &creation.sort_order {
-            body["write-order"] = serde_json::to_value(o).map_err(|e| Error::Internal(e.to_string()))?;
+            body["write-order"] = serde_json::to_value(o).map_err(|e| Error::failed("encoding the sort order", e))?;
         }
         let resp = self
             .send(Method::POST, &url, Some(&body), None)
@@ -673,34 +672,31 @@ impl VendedCredentials {
     }
 }
 
+#[async_trait::async_trait]
 impl StorageCredentials for VendedCredentials {
-    fn current(&self) -> BoxFuture<'_, Result<HashMap<String, String>>> {
-        Box::pin(async move {
-            let mut st = self.state.lock().await;
-            let now = SystemTime::now();
-            if !st.token.fresh_at(now, st.issued) {
-                let (resp, _) = self.client.load_response(&self.ident).await?;
-                let props = vended_props(resp.metadata.location(), &resp);
-                if props.is_empty() {
-                    return Err(Error::Auth {
-                        source_name: format!("{} catalog", self.client.label),
-                        message: format!("the catalog stopped vending storage credentials for {}", self.ident),
-                        retryable: true,
-                        cause: None,
-                    });
-                }
-                tracing::debug!(table = %self.ident, "vended storage credentials renewed");
-                *st = Vended { token: Token { secret: String::new(), expires_at: vended_expiry(&props) }, props, issued: now };
+    async fn current(&self) -> Result<HashMap<String, String>> {
+        let mut st = self.state.lock().await;
+        let now = SystemTime::now();
+        if !st.token.fresh_at(now, st.issued) {
+            let (resp, _) = self.client.load_response(&self.ident).await?;
+            let props = vended_props(resp.metadata.location(), &resp);
+            if props.is_empty() {
+                return Err(Error::Auth {
+                    source_name: format!("{} catalog", self.client.label),
+                    message: format!("the catalog stopped vending storage credentials for {}", self.ident),
+                    retryable: true,
+                    cause: None,
+                });
             }
-            Ok(st.props.clone())
-        })
+            tracing::debug!(table = %self.ident, "vended storage credentials renewed");
+            *st = Vended { token: Token { secret: String::new(), expires_at: vended_expiry(&props) }, props, issued: now };
+        }
+        Ok(st.props.clone())
     }
 
-    fn invalidate(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            // refused before its stated expiry: fetch new ones on the next call
-            self.state.lock().await.token.expires_at = Some(SystemTime::UNIX_EPOCH);
-        })
+    async fn invalidate(&self) {
+        // refused before its stated expiry: fetch new ones on the next call
+        self.state.lock().await.token.expires_at = Some(SystemTime::UNIX_EPOCH);
     }
 }
 

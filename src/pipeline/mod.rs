@@ -10,8 +10,6 @@ pub(crate) mod plan;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use futures::future::LocalBoxFuture;
-use futures::FutureExt;
 use iceberg::table::Table;
 use serde::Serialize;
 
@@ -512,9 +510,10 @@ async fn run_sink(
 }
 
 /// Where the rows of a commit come from: the changelog scan in a run; a fake in the apply loop's unit tests.
+#[async_trait::async_trait(?Send)]
 trait Feed {
     /// Writes the change rows of `chunk` into `sink`'s open commit.
-    fn feed<'a>(&'a mut self, chunk: &'a Chunk, sink: &'a mut dyn Sink) -> LocalBoxFuture<'a, Result<()>>;
+    async fn feed(&mut self, chunk: &Chunk, sink: &mut dyn Sink) -> Result<()>;
 }
 
 /// What the scan read over a run.
@@ -532,48 +531,46 @@ struct ScanFeed<'t> {
     stats: ScanTotals,
 }
 
+#[async_trait::async_trait(?Send)]
 impl Feed for ScanFeed<'_> {
-    fn feed<'a>(&'a mut self, chunk: &'a Chunk, sink: &'a mut dyn Sink) -> LocalBoxFuture<'a, Result<()>> {
-        async move {
-            self.scan.set_output(&chunk.schema)?;
-            self.scan.set_removed_columns(sink.removed_columns());
-            let mut rows = OpenCommit(sink);
-            let stats = &mut self.stats;
-            let mut add = |st: SnapshotStats| {
-                stats.files_read += st.files_read;
-                stats.bytes_read += st.bytes_read;
-                stats.spilled_bytes += st.spilled_bytes();
-                stats.one_pass_memory_budget = stats.one_pass_memory_budget.max(warn_in_parts(&st));
-            };
-            let mut ordinal = 0i32;
-            if let Some(rw) = &chunk.rewrite {
-                // the undone rows become rows to insert again: they are read whole
-                self.scan.set_removed_columns(None);
-                let mut inverse = crate::change::Inverse::new(&mut rows);
-                if let Some(from) = &rw.clear {
-                    add(self.scan.scan_contents(from, &mut inverse).await?);
-                    inverse.flush().await?;
-                }
-                for s in &rw.undo {
-                    add(self.scan.scan_snapshot(s, ordinal, &mut inverse).await?);
-                    inverse.flush().await?;
-                    ordinal += 1;
-                }
-                if rw.copy {
-                    add(self.scan.scan_contents(&rw.to, &mut rows).await?);
-                }
+    async fn feed(&mut self, chunk: &Chunk, sink: &mut dyn Sink) -> Result<()> {
+        self.scan.set_output(&chunk.schema)?;
+        self.scan.set_removed_columns(sink.removed_columns());
+        let mut rows = OpenCommit(sink);
+        let stats = &mut self.stats;
+        let mut add = |st: SnapshotStats| {
+            stats.files_read += st.files_read;
+            stats.bytes_read += st.bytes_read;
+            stats.spilled_bytes += st.spilled_bytes();
+            stats.one_pass_memory_budget = stats.one_pass_memory_budget.max(warn_in_parts(&st));
+        };
+        let mut ordinal = 0i32;
+        if let Some(rw) = &chunk.rewrite {
+            // the undone rows become rows to insert again: they are read whole
+            self.scan.set_removed_columns(None);
+            let mut inverse = crate::change::Inverse::new(&mut rows);
+            if let Some(from) = &rw.clear {
+                add(self.scan.scan_contents(from, &mut inverse).await?);
+                inverse.flush().await?;
             }
-            if chunk.bootstrap {
-                add(self.scan.scan_contents(chunk.last(), &mut rows).await?);
-            } else {
-                for s in &chunk.snapshots {
-                    add(self.scan.scan_snapshot(s, ordinal, &mut rows).await?);
-                    ordinal += 1;
-                }
+            for s in &rw.undo {
+                add(self.scan.scan_snapshot(s, ordinal, &mut inverse).await?);
+                inverse.flush().await?;
+                ordinal += 1;
             }
-            Ok(())
+            if rw.copy {
+                add(self.scan.scan_contents(&rw.to, &mut rows).await?);
+            }
         }
-        .boxed_local()
+        if chunk.bootstrap {
+            add(self.scan.scan_contents(chunk.last(), &mut rows).await?);
+        } else {
+            for s in &chunk.snapshots {
+                add(self.scan.scan_snapshot(s, ordinal, &mut rows).await?);
+                ordinal += 1;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -795,16 +792,14 @@ mod tests {
         fail_on: Option<i64>,
     }
 
+    #[async_trait::async_trait(?Send)]
     impl Feed for FakeFeed {
-        fn feed<'a>(&'a mut self, chunk: &'a Chunk, _: &'a mut dyn Sink) -> LocalBoxFuture<'a, Result<()>> {
-            let fail = chunk.snapshots.iter().any(|s| Some(s.snapshot_id()) == self.fail_on);
-            Box::pin(async move {
-                if fail {
-                    Err(Error::Internal("scan failed".into()))
-                } else {
-                    Ok(())
-                }
-            })
+        async fn feed(&mut self, chunk: &Chunk, _: &mut dyn Sink) -> Result<()> {
+            if chunk.snapshots.iter().any(|s| Some(s.snapshot_id()) == self.fail_on) {
+                Err(Error::Internal("scan failed".into()))
+            } else {
+                Ok(())
+            }
         }
     }
 

@@ -100,7 +100,7 @@ impl Membership {
                 // leaving the group: revocations no longer wait (the service is stopping every loop anyway)
                 consumer.unsubscribe();
             })
-            .map_err(|e| Error::Internal(format!("cannot start the cluster's thread: {e}")))?;
+            .map_err(|e| Error::failed("starting the cluster's thread", e))?;
         tracing::info!(group = %cfg.group, topic = %topic, partitions, "joined the cluster's group; waiting for an assignment");
         Ok(Membership { owned, acks, partitions, stop, thread: Some(thread) })
     }
@@ -175,7 +175,7 @@ pub(crate) async fn members(cfg: &ClusterConfig) -> Result<(Vec<Member>, i32)> {
         Ok((out, partitions))
     })
     .await
-    .map_err(|e| Error::Internal(format!("group description task: {e}")))?
+    .map_err(|e| Error::failed("group description task", e))?
 }
 
 /// A telemetry address bound to every interface (`0.0.0.0:9464`) is reached at the member's host.
@@ -353,7 +353,7 @@ async fn ensure_topic(cfg: &ClusterConfig, topic: &str, context: KafkaContext) -
         Ok(n as i32)
     })
     .await
-    .map_err(|e| Error::Internal(format!("control topic metadata task: {e}")))?
+    .map_err(|e| Error::failed("control topic metadata task", e))?
 }
 
 #[cfg(test)]

@@ -125,7 +125,7 @@ impl ReadGate {
 
     async fn admit(&self, bytes: u64) -> Result<OwnedSemaphorePermit> {
         let kib = bytes.div_ceil(1024).clamp(1, self.kib as u64) as u32;
-        self.permits.clone().acquire_many_owned(kib).await.map_err(|e| Error::Internal(format!("read gate closed: {e}")))
+        self.permits.clone().acquire_many_owned(kib).await.map_err(|e| Error::failed("read gate closed", e))
     }
 }
 

@@ -120,7 +120,7 @@ pub(crate) fn with_first_row_id(f: &DataFile, spec_id: i32, first_row_id: Option
     if let Some(order) = f.sort_order_id() {
         b.sort_order_id(order);
     }
-    b.build().map_err(|e| Error::Internal(format!("copying the entry of {}: {e}", f.file_path())))
+    b.build().map_err(|e| Error::failed(format!("copying the entry of {}", f.file_path()), e))
 }
 
 /// The `first_row_id` of every entry of `manifest` (listed by `file`) after inheritance, in its order: for a data

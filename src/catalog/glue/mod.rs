@@ -22,7 +22,7 @@ use iceberg::spec::TableMetadata;
 use iceberg::TableIdent;
 use serde_json::{json, Map, Value};
 
-use super::metastore::{self, Metastore, MetastoreCatalog, Refusal};
+use super::metastore::{self, Change, Metastore, MetastoreCatalog, Refusal};
 use super::Backend;
 use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
@@ -363,16 +363,8 @@ impl Metastore for GlueCatalog {
     }
 
     /// `UpdateTable` with the record's `VersionId`, after checking the record still points at `base`.
-    async fn swap(
-        &self,
-        ident: &TableIdent,
-        db: &str,
-        name: &str,
-        base: &str,
-        old: &TableMetadata,
-        new: &TableMetadata,
-        new_location: &str,
-    ) -> std::result::Result<(), Refusal> {
+    async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal> {
+        let Change { ident, db, name, base, old, new_location, new } = *change;
         let current = self
             .glue_table(db, name)
             .await

@@ -34,7 +34,7 @@ use iceberg::io::FileIO;
 use iceberg::spec::TableMetadata;
 use iceberg::TableIdent;
 
-use super::metastore::{self, Metastore, MetastoreCatalog, Refusal};
+use super::metastore::{self, Change, Metastore, MetastoreCatalog, Refusal};
 use super::Backend;
 use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
@@ -202,17 +202,9 @@ impl HiveCatalog {
         Ok(location)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn swap_locked(
-        &self,
-        db: &str,
-        name: &str,
-        ident: &TableIdent,
-        base: &str,
-        new_loc: &str,
-        old_meta: &TableMetadata,
-        new_meta: &TableMetadata,
-    ) -> std::result::Result<(), Refusal> {
+    /// The swap, under the table lock: the pointer checked, the record altered.
+    async fn swap_locked(&self, change: &Change<'_>) -> std::result::Result<(), Refusal> {
+        let Change { ident, db, name, base, old: old_meta, new_location: new_loc, new: new_meta } = *change;
         let mut t =
             self.hms_table(db, name).await.map_err(Refusal::Refused)?.ok_or_else(|| {
                 Refusal::Refused(Error::TableNotFound { catalog: format!("hive:thrift://{}", self.addr), table: ident.to_string() })
@@ -500,18 +492,10 @@ impl Metastore for HiveCatalog {
     }
 
     /// Under the Metastore's EXCLUSIVE table lock (see the module header for the protocol).
-    async fn swap(
-        &self,
-        ident: &TableIdent,
-        db: &str,
-        name: &str,
-        base: &str,
-        old: &TableMetadata,
-        new: &TableMetadata,
-        new_location: &str,
-    ) -> std::result::Result<(), Refusal> {
+    async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal> {
+        let (db, name) = (change.db, change.name);
         let lock = self.lock(db, name).await.map_err(Refusal::Refused)?;
-        let outcome = self.swap_locked(db, name, ident, base, new_location, old, new).await;
+        let outcome = self.swap_locked(change).await;
         self.unlock(lock).await;
         outcome
     }

@@ -457,7 +457,7 @@ impl EqTask {
     async fn join(&mut self) -> Result<()> {
         self.tx = None;
         let Some(task) = self.task.take() else { return Ok(()) };
-        let (w, r) = task.await.map_err(|e| Error::Internal(format!("the equality-delete writer failed: {e}")))?;
+        let (w, r) = task.await.map_err(|e| Error::failed("the equality-delete writer", e))?;
         self.writer = Some(w);
         r
     }

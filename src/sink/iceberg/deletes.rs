@@ -60,7 +60,7 @@ pub async fn write_position_delete_file(
     if deletes.len() == 1 {
         b.referenced_data_file(deletes.keys().next().cloned());
     }
-    b.build().map_err(|e| Error::Internal(format!("position-delete file: {e}")))
+    b.build().map_err(|e| Error::failed("position-delete file", e))
 }
 
 /// One Puffin file holding a deletion vector per data file; returns one delete-file entry per vector.
@@ -84,7 +84,7 @@ pub async fn write_dv_file(file_io: &FileIO, path: &str, vectors: &[(String, Par
         placed.push((offset, blob.len()));
     }
     let footer = serde_json::to_vec(&serde_json::json!({"blobs": blobs, "properties": {"created-by": "iceberg-cdc"}}))
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        .map_err(|e| Error::failed("encoding a Puffin footer", e))?;
     bytes.extend_from_slice(&PUFFIN_MAGIC);
     bytes.extend_from_slice(&footer);
     bytes.extend_from_slice(&(footer.len() as u32).to_le_bytes());
@@ -108,7 +108,7 @@ pub async fn write_dv_file(file_io: &FileIO, path: &str, vectors: &[(String, Par
                 .content_offset(Some(offset as i64))
                 .content_size_in_bytes(Some(len as i64))
                 .build()
-                .map_err(|e| Error::Internal(format!("deletion vector entry: {e}")))
+                .map_err(|e| Error::failed("deletion vector entry", e))
         })
         .collect()
 }

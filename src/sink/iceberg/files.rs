@@ -266,7 +266,7 @@ impl PartitionedWriter {
             if let Some(k) = &o.key {
                 b.partition(k.data().clone());
             }
-            self.done.push(b.build().map_err(|e| Error::Internal(format!("data file: {e}")))?);
+            self.done.push(b.build().map_err(|e| Error::failed("data file", e))?);
         }
         Ok(())
     }

@@ -199,7 +199,7 @@ impl KafkaSink {
         match tokio::task::spawn_blocking(move || f(&p)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.error(what, e)),
-            Err(e) => Err(Error::Internal(format!("{what}: {e}"))),
+            Err(e) => Err(Error::failed(what, e)),
         }
     }
 
@@ -292,7 +292,7 @@ impl KafkaSink {
             }
         })
         .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        .map_err(|e| Error::failed("reading the progress topic", e))?;
         let bytes = fetch.map_err(|e| self.error("reading the progress topic", e))?;
         bytes
             .map(|b| {
@@ -336,7 +336,7 @@ impl KafkaSink {
 
     /// Produces `p` to the progress topic (inside the open transaction).
     fn progress_record(&self, p: &Progress) -> Result<()> {
-        let v = serde_json::to_string(p).map_err(|e| Error::Internal(e.to_string()))?;
+        let v = serde_json::to_string(p).map_err(|e| Error::failed("encoding a progress record", e))?;
         self.send(&self.cfg.progress_topic, Some(&self.pipeline), Some(&v), None)
     }
 

@@ -378,7 +378,7 @@ impl<'a> ChangelogScan<'a> {
             Ok::<_, Error>(merge.stats())
         });
         stats.counts = self.deliver(rx, commit, sink).await?;
-        stats.net = merging.await.map_err(|e| Error::Internal(format!("merging change rows failed: {e}")))??;
+        stats.net = merging.await.map_err(|e| Error::failed("merging change rows", e))??;
         Ok(stats)
     }
 
@@ -519,7 +519,7 @@ impl ChangelogScan<'_> {
                 match set.join_next().await {
                     None => break,
                     Some(r) => {
-                        let (r, b) = r.map_err(|e| Error::Internal(format!("reader task failed: {e}")))??;
+                        let (r, b) = r.map_err(|e| Error::failed("reader task", e))??;
                         n += 1;
                         rows += r;
                         bytes += b;
@@ -554,7 +554,7 @@ impl ChangelogScan<'_> {
             }
         }
         drop(rx);
-        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
+        let driven = driver.await.map_err(|e| Error::failed("scan driver task", e))?;
         if let Some(e) = failed {
             return Err(self.explain(snapshot, e));
         }
@@ -742,7 +742,7 @@ impl ChangelogScan<'_> {
         }
         .await;
         drop(tx);
-        let worked = worker.await.map_err(|e| Error::Internal(format!("carry-over worker failed: {e}")))?;
+        let worked = worker.await.map_err(|e| Error::failed("carry-over worker", e))?;
         let (a, r, stats, net) = match (fed, worked) {
             // the worker's own failure, which also explains a feed that could not send
             (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
@@ -827,7 +827,7 @@ impl ChangelogScan<'_> {
             }
         }
         drop(rx);
-        let driven = driver.await.map_err(|e| Error::Internal(e.to_string()))?;
+        let driven = driver.await.map_err(|e| Error::failed("scan driver task", e))?;
         if let Some(e) = failed {
             return Err(e);
         }
