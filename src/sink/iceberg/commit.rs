@@ -36,11 +36,11 @@ use crate::sink::iceberg::apply::{CommitFiles, CommitWriter, WriterSpec};
 use crate::sink::iceberg::evolve::{self, Evolution, EvolveOptions, FieldMap};
 use crate::sink::iceberg::files::remove_unreferenced;
 use crate::sink::iceberg::rowdelta::RowDelta;
-use crate::sink::iceberg::{compact, expire, progress, target};
-use crate::sink::{Chunk, CommitStats, Committed, Initial, Lifetime, MaintenanceStats, Profile, Sink, SourceInfo, Upkeep};
+use crate::sink::iceberg::{expire, progress, target};
+use crate::sink::{Chunk, CommitStats, Committed, Initial, Lifetime, Profile, Sink, SourceInfo, Upkeep};
 
 mod upkeep;
-use upkeep::{sits_on, Background};
+use upkeep::{sits_on, Schedule};
 
 /// Times a commit is prepared again because the target moved under it (see `do_commit`) before its error stands.
 const MAX_STALE_PREPARES: u32 = 5;
@@ -60,27 +60,13 @@ pub struct IcebergSink {
     memory_budget: u64,
     /// Source snapshots one commit may cover (`snapshots_per_commit`, or the lifetime's default).
     snapshots_per_commit: usize,
-    /// The target's file totals when compaction was last planned.
-    compact_mark: compact::Mark,
-    /// Whether compaction runs in the background (see [`Lifetime::LongRunning`]).
-    background: bool,
-    /// Whether the files of expired snapshots are deleted in the background ([`Lifetime::LongRunning`], any mode).
-    long_running: bool,
-    /// The compaction running in the background, if one is.
-    compaction: Option<tokio::task::JoinHandle<Background>>,
-    /// The deletion of what an expiry left unreferenced, running in the background (with `long_running`), if one is.
-    deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
+    /// When the target's upkeep runs, and what is running (see `upkeep`).
+    schedule: Schedule,
     /// Taken by whoever commits to the target from this process — the applier's commits and the background
     /// compaction's, of this sink and any other writing the same table ([`gate_for`]) — so that they never race
     /// each other. Holds the table a compaction's commit left behind, which the applier's next commit builds on
     /// (instead of conflicting with it).
     gate: Arc<tokio::sync::Mutex<Option<Table>>>,
-    /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
-    swept_at: Instant,
-    /// The file totals of the target when a compaction at rest last found nothing to do ([`Upkeep::rest`]).
-    rested_at: Option<compact::Mark>,
-    /// What compactions at rest did between commits (compacting inline), until [`Upkeep::take_maintenance`].
-    rest_stats: MaintenanceStats,
     /// The target holds the rows of a dropped source table of the same name (uuid, its last snapshot applied): the
     /// bootstrap of the new one replaces them all (`on_history_rewrite = "follow"`).
     recreate: Option<(String, i64)>,
@@ -110,10 +96,7 @@ impl IcebergSink {
         let catalog = Catalog::shared(&cfg.catalog, "target").await?;
         let cfg_snapshots = cfg.snapshots_per_commit.unwrap_or(lifetime.snapshots_per_commit());
         Ok(IcebergSink {
-            background: lifetime == Lifetime::LongRunning && cfg.delete_mode == DeleteMode::Equality,
-            long_running: lifetime == Lifetime::LongRunning,
-            compaction: None,
-            deletion: None,
+            schedule: Schedule::new(lifetime, cfg.delete_mode),
             gate: gate_for(&cfg),
             catalog,
             cfg,
@@ -125,10 +108,6 @@ impl IcebergSink {
             created: false,
             memory_budget,
             snapshots_per_commit: cfg_snapshots,
-            compact_mark: compact::Mark::default(),
-            swept_at: Instant::now(),
-            rested_at: None,
-            rest_stats: MaintenanceStats::default(),
             recreate: None,
         })
     }
@@ -451,7 +430,7 @@ impl IcebergSink {
         if let Some(expired) = mine.into_iter().next().map(|a| a.expiring).filter(|e| !e.is_empty()) {
             self.expired(expire::Expiry::committed(expired, &table), &mut stats.maintenance).await;
         }
-        let table = match (self.cfg.compact, self.background) {
+        let table = match (self.cfg.compact, self.schedule.background) {
             (false, _) => table,
             (true, false) => self.compact_when_due(table, &mut stats.maintenance).await,
             (true, true) => {
@@ -616,7 +595,7 @@ impl Sink for IcebergSink {
     /// finished background compaction or deletion of expired files waits to be counted (the poll then reaches
     /// [`Upkeep::take_maintenance`]).
     async fn mark(&mut self) -> Result<Option<String>> {
-        if self.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.deletion.as_ref().is_some_and(|t| t.is_finished()) {
+        if self.schedule.compaction.as_ref().is_some_and(|t| t.is_finished()) || self.schedule.deletion.as_ref().is_some_and(|t| t.is_finished()) {
             return Ok(None);
         }
         self.catalog.cheap_metadata_location(&self.cfg.table).await

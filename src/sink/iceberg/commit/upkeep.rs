@@ -12,15 +12,52 @@ use iceberg::spec::SnapshotRef;
 use iceberg::table::Table;
 
 use super::IcebergSink;
+use crate::config::DeleteMode;
 use crate::error::Result;
 use crate::sink::iceberg::{compact, expire, maintain};
-use crate::sink::{MaintenanceStats, Rest, Upkeep};
+use crate::sink::{Lifetime, MaintenanceStats, Rest, Upkeep};
+
+/// When a target's upkeep runs and what of it is running: the state [`IcebergSink`] keeps for it.
+pub(super) struct Schedule {
+    /// The target's file totals when compaction was last planned.
+    pub(super) compact_mark: compact::Mark,
+    /// Whether compaction runs in the background (see [`Lifetime::LongRunning`]).
+    pub(super) background: bool,
+    /// Whether the files of expired snapshots are deleted in the background ([`Lifetime::LongRunning`], any mode).
+    pub(super) long_running: bool,
+    /// The compaction running in the background, if one is.
+    pub(super) compaction: Option<tokio::task::JoinHandle<Background>>,
+    /// The deletion of what an expiry left unreferenced, running in the background (with `long_running`), if one is.
+    pub(super) deletion: Option<tokio::task::JoinHandle<(Result<expire::Expired>, f64)>>,
+    /// When the target was last swept for orphan files (the first sweep comes one interval after opening).
+    pub(super) swept_at: Instant,
+    /// The file totals of the target when a compaction at rest last found nothing to do ([`Upkeep::rest`]).
+    pub(super) rested_at: Option<compact::Mark>,
+    /// What compactions at rest did between commits (compacting inline), until [`Upkeep::take_maintenance`].
+    pub(super) rest_stats: MaintenanceStats,
+}
+
+impl Schedule {
+    /// Nothing run yet; where compaction and deletions run follows from `lifetime` and the delete mode.
+    pub(super) fn new(lifetime: Lifetime, delete_mode: DeleteMode) -> Self {
+        Schedule {
+            compact_mark: compact::Mark::default(),
+            background: lifetime == Lifetime::LongRunning && delete_mode == DeleteMode::Equality,
+            long_running: lifetime == Lifetime::LongRunning,
+            compaction: None,
+            deletion: None,
+            swept_at: Instant::now(),
+            rested_at: None,
+            rest_stats: MaintenanceStats::default(),
+        }
+    }
+}
 
 #[async_trait::async_trait]
 impl Upkeep for IcebergSink {
     /// A background compaction that finished since the last commit or the last call, and the compactions at rest.
     fn take_maintenance(&mut self) -> MaintenanceStats {
-        let mut stats = std::mem::take(&mut self.rest_stats);
+        let mut stats = std::mem::take(&mut self.schedule.rest_stats);
         self.collect_compaction(&mut stats);
         self.collect_deletion(&mut stats);
         stats
@@ -34,22 +71,22 @@ impl Upkeep for IcebergSink {
     /// the service compacts there, here otherwise — until a pass finds nothing to do on the table as it is; then
     /// merges its manifests (as `cdc maintain` does), and the rest is over.
     async fn rest(&mut self) -> Result<Rest> {
-        if self.compaction.is_some() {
+        if self.schedule.compaction.is_some() {
             return Ok(Rest::Working); // running, or finished and waiting for `take_maintenance`
         }
         let Some(table) = self.table.clone().filter(|_| self.cfg.compact) else { return Ok(Rest::Done) };
         let mark = compact::Mark::of(&table);
-        if self.rested_at == Some(mark) {
+        if self.schedule.rested_at == Some(mark) {
             return Ok(Rest::Done);
         }
         let policy = compact::Policy::at_rest(&self.cfg);
-        if self.background {
+        if self.schedule.background {
             self.start_compaction(&table, policy, true);
             return Ok(Rest::Working);
         }
-        let mut stats = std::mem::take(&mut self.rest_stats);
+        let mut stats = std::mem::take(&mut self.schedule.rest_stats);
         let (mut table, compacted) = self.compact_now(table, &policy, &mut stats).await;
-        self.rest_stats = stats;
+        self.schedule.rest_stats = stats;
         if !compacted {
             // nothing (more) to compact: the manifests are merged too, and the rest is over
             match maintain::rewrite_manifests(&self.catalog, &self.cfg, table.clone()).await {
@@ -58,7 +95,7 @@ impl Upkeep for IcebergSink {
             }
             self.rested(compact::Mark::of(&table));
         }
-        self.compact_mark = compact::Mark::of(&table);
+        self.schedule.compact_mark = compact::Mark::of(&table);
         self.table = Some(table);
         Ok(if compacted { Rest::Working } else { Rest::Done })
     }
@@ -68,18 +105,18 @@ impl IcebergSink {
     /// The target's rest is over: a compaction at rest found nothing more to do at `mark` (its file totals).
     pub(super) fn rested(&mut self, mark: compact::Mark) {
         tracing::info!(table = %self.cfg.table, "the target is at rest: compacted completely, manifests merged");
-        self.rested_at = Some(mark);
+        self.schedule.rested_at = Some(mark);
     }
 
     /// Compacts `table` when due (see `compact`); returns the table as it is afterwards, and counts what it did in
     /// `stats`. Best effort: a failure is logged and counted, and compaction is tried again when due again.
     pub(super) async fn compact_when_due(&mut self, table: Table, stats: &mut MaintenanceStats) -> Table {
         let policy = compact::Policy::of(&self.cfg);
-        if !compact::due(self.compact_mark, compact::Mark::of(&table), &policy) {
+        if !compact::due(self.schedule.compact_mark, compact::Mark::of(&table), &policy) {
             return table;
         }
         let (table, _) = self.compact_now(table, &policy, stats).await;
-        self.compact_mark = compact::Mark::of(&table);
+        self.schedule.compact_mark = compact::Mark::of(&table);
         table
     }
 
@@ -119,10 +156,10 @@ impl IcebergSink {
     pub(super) fn compact_in_background(&mut self, table: &Table, stats: &mut MaintenanceStats) {
         self.collect_compaction(stats);
         let policy = compact::Policy::of(&self.cfg);
-        if self.compaction.is_some() || !compact::due(self.compact_mark, compact::Mark::of(table), &policy) {
+        if self.schedule.compaction.is_some() || !compact::due(self.schedule.compact_mark, compact::Mark::of(table), &policy) {
             return;
         }
-        self.compact_mark = compact::Mark::of(table);
+        self.schedule.compact_mark = compact::Mark::of(table);
         self.start_compaction(table, policy, false);
     }
 
@@ -131,7 +168,7 @@ impl IcebergSink {
     fn start_compaction(&mut self, table: &Table, policy: compact::Policy, at_rest: bool) {
         let planned = compact::Mark::of(table);
         let (catalog, cfg, table, gate, budget) = (self.catalog.clone(), self.cfg.clone(), table.clone(), self.gate.clone(), self.memory_budget / 4);
-        self.compaction = Some(tokio::spawn(async move {
+        self.schedule.compaction = Some(tokio::spawn(async move {
             let _slot = compactions_at_once().acquire().await;
             let started = Instant::now();
             let result = async {
@@ -171,7 +208,7 @@ impl IcebergSink {
     /// The snapshots an applier commit on `target` should remove as well, when an expiry is due (see
     /// `expire::due_now`); none while the last expiry's files are still being deleted in the background.
     pub(super) fn expiring(&self, target: &Table) -> Vec<SnapshotRef> {
-        if !self.cfg.expire_snapshots || self.deletion.as_ref().is_some_and(|t| !t.is_finished()) {
+        if !self.cfg.expire_snapshots || self.schedule.deletion.as_ref().is_some_and(|t| !t.is_finished()) {
             return Vec::new();
         }
         // this commit's snapshot becomes the head: it is one of the `retain_snapshots`
@@ -201,8 +238,8 @@ impl IcebergSink {
             }
             (deleted, started.elapsed().as_secs_f64())
         };
-        if self.long_running {
-            self.deletion = Some(tokio::spawn(deletion));
+        if self.schedule.long_running {
+            self.schedule.deletion = Some(tokio::spawn(deletion));
         } else {
             count_deletion(deletion.await, stats);
         }
@@ -210,7 +247,7 @@ impl IcebergSink {
 
     /// Counts the background deletion of an expiry's files in `stats` if it has finished.
     pub(super) fn collect_deletion(&mut self, stats: &mut MaintenanceStats) {
-        let Some(done) = self.deletion.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
+        let Some(done) = self.schedule.deletion.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
         match done {
             Ok(deleted) => count_deletion(deleted, stats),
             Err(e) => {
@@ -222,14 +259,14 @@ impl IcebergSink {
 
     /// Counts the background compaction in `stats` if it has finished.
     pub(super) fn collect_compaction(&mut self, stats: &mut MaintenanceStats) {
-        let Some(done) = self.compaction.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
+        let Some(done) = self.schedule.compaction.take_if(|t| t.is_finished()).and_then(|t| t.now_or_never()) else { return };
         match done {
             Ok(Background { result: Ok(Some((mark, c))), seconds, .. }) => {
                 stats.compactions += 1;
                 stats.compact_seconds += seconds;
                 stats.files_rewritten += (c.data_files_rewritten + c.delete_files_removed) as u64;
                 stats.bytes_rewritten += c.bytes_rewritten;
-                self.compact_mark = mark;
+                self.schedule.compact_mark = mark;
             }
             // a pass at rest that found nothing to do (or failed) ends the rest until the table changes
             Ok(Background { result: Ok(None), seconds, rested_at }) => {
@@ -241,7 +278,7 @@ impl IcebergSink {
             Ok(Background { result: Err(_), seconds, rested_at }) => {
                 stats.compact_seconds += seconds;
                 stats.compact_failures += 1;
-                self.rested_at = rested_at.or(self.rested_at);
+                self.schedule.rested_at = rested_at.or(self.schedule.rested_at);
             }
             Err(e) => {
                 stats.compact_failures += 1;
@@ -254,10 +291,10 @@ impl IcebergSink {
     /// a failure is logged and counted, and the sweep is tried again at the next interval).
     pub(super) async fn sweep_when_due(&mut self, table: &Table, stats: &mut MaintenanceStats) {
         let every = self.cfg.orphan_sweep_interval;
-        if every.is_zero() || self.swept_at.elapsed() < every {
+        if every.is_zero() || self.schedule.swept_at.elapsed() < every {
             return;
         }
-        self.swept_at = Instant::now();
+        self.schedule.swept_at = Instant::now();
         match crate::sink::iceberg::maintain::remove_orphans(&self.catalog, table, self.cfg.orphan_grace).await {
             Ok((deleted, young)) => {
                 stats.orphans_deleted += deleted as u64;
