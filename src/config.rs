@@ -32,7 +32,7 @@ pub struct Config {
 }
 
 /// A one-shot file as written: the shorthands beside the list ([`Config`] is what the rest of the program reads).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ConfigFile {
     source: SourceConfig,

@@ -120,11 +120,17 @@ impl Sink for JsonlSink {
     }
 
     async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        let file = self.file(self.progress.commits + 1);
-        let budget = crate::config::share_of(self.memory_budget, output::OUTPUT_SHARE);
+        // the commit's file is opened with its first rows (their schema is the writer's)
+        let first = self.open.as_ref().is_some_and(|o| o.writer.is_none());
+        let writer = if first {
+            let (file, budget) = (self.file(self.progress.commits + 1), self.profile().reserved_memory);
+            Some(output::open(output::Format::Jsonl, Some(&file), batch.schema(), budget)?)
+        } else {
+            None
+        };
         let open = self.open.as_mut().ok_or_else(|| Error::Internal("write without begin".into()))?;
-        if open.writer.is_none() {
-            open.writer = Some(output::open(output::Format::Jsonl, Some(&file), batch.schema(), budget)?);
+        if writer.is_some() {
+            open.writer = writer;
         }
         open.stats.data_rows += batch.num_rows() as u64;
         open.writer.as_mut().expect("opened above").write(&batch)
