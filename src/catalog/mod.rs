@@ -180,6 +180,29 @@ impl Catalog {
         self.backend.metadata_location(&Self::ident(name)?).await
     }
 
+    /// Table `name` as of metadata file `location` (newer than `prev`'s, as [`Self::cheap_metadata_location`] told),
+    /// read with `prev`'s storage, keeping only the snapshots from sequence number `since` on and those the table
+    /// names ([`crate::spec::recent`]); also returns how many snapshots were left out. A file that cannot be read
+    /// or trimmed that way (compressed, unexpected) is loaded in full through the catalog, which reports any error.
+    pub(crate) async fn load_recent(&self, name: &str, prev: &Table, location: &str, since: i64) -> Result<(Table, usize)> {
+        let read = async {
+            let bytes = prev.file_io().new_input(location).ok()?.read().await.ok()?;
+            if bytes.starts_with(&[0x1f, 0x8b]) {
+                return None; // gzip: the catalog's own load decompresses it
+            }
+            crate::spec::recent::parse_recent(&bytes, since).ok()
+        };
+        let Some((metadata, dropped)) = read.await else { return Ok((self.load_table(name).await?, 0)) };
+        let table = Table::builder()
+            .identifier(prev.identifier().clone())
+            .metadata(metadata)
+            .metadata_location(location)
+            .file_io(prev.file_io().clone())
+            .runtime(iceberg::Runtime::try_current()?)
+            .build()?;
+        Ok((table, dropped))
+    }
+
     /// Creates the namespace when missing, then the table.
     pub async fn create_table(&self, name: &str, creation: TableCreation) -> Result<Table> {
         self.backend.create_table(&Self::ident(name)?, creation).await

@@ -47,7 +47,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use iceberg::table::Table;
+
 use crate::catalog::Catalog;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::pipeline;
 use crate::sink::iceberg::progress;
@@ -407,6 +410,11 @@ struct Pipeline {
     rested: bool,
     /// The shortest [`Upkeep::rest_after`] of the sinks (`None`: none rests).
     rest_after: Option<Duration>,
+    /// The source as the last poll loaded it, and whether snapshots were left out of it.
+    last_source: Option<(Table, bool)>,
+    /// The sequence number of the oldest snapshot a sink recorded at the last poll: what the next load keeps from
+    /// ([`Catalog::load_recent`]); `None`: load in full.
+    since: Option<i64>,
 }
 
 impl Pipeline {
@@ -418,6 +426,42 @@ impl Pipeline {
             marks.push(s.mark().await?);
         }
         Ok(marks)
+    }
+
+    /// The source as of metadata location `at` (this poll's mark) and each sink's recorded progress.
+    ///
+    /// Following a table costs what changed, not its history: the last load serves while the location has not moved;
+    /// after that, only the snapshots from the oldest one a sink recorded are kept ([`crate::spec::recent`]). When a
+    /// sink's progress is not on the kept lineage (a first poll, a rollback of the source, a sink that moved back),
+    /// the source is loaded in full and judged as before.
+    async fn source_and_progress(&mut self, cfg: &Config, at: Option<&str>) -> Result<(Table, bool, Vec<Option<i64>>)> {
+        let name = &cfg.source.table;
+        let (mut source, mut trimmed) = match (&self.last_source, at, self.since) {
+            _ if self.source.is_server() => (self.source.load_table(name).await?, false), // a load renews what it vends
+            (Some((prev, trimmed)), Some(at), _) if prev.metadata_location() == Some(at) => (prev.clone(), *trimmed),
+            (Some((prev, _)), Some(at), Some(since)) => {
+                let (t, dropped) = self.source.load_recent(name, prev, at, since).await?;
+                (t, dropped > 0)
+            }
+            _ => (self.source.load_table(name).await?, false),
+        };
+        loop {
+            let mut recorded = Vec::with_capacity(self.sinks.len());
+            if let Some(head) = source.metadata().current_snapshot() {
+                let info = pipeline::source_info(cfg, &source, head)?;
+                for s in self.sinks.iter_mut() {
+                    recorded.push(s.recorded(&info).await?);
+                }
+            }
+            if trimmed && !crate::spec::recent::holds_lineage(source.metadata(), &recorded) {
+                (source, trimmed) = (self.source.load_table(name).await?, false);
+                continue;
+            }
+            let meta = source.metadata();
+            self.since = recorded.iter().map(|r| r.and_then(|id| meta.snapshot_by_id(id)).map(|s| s.sequence_number())).min().flatten();
+            self.last_source = Some((source.clone(), trimmed));
+            return Ok((source, trimmed, recorded));
+        }
     }
 
     /// Whether `marks` say nothing moved since a poll found every sink caught up (and no sink's rest is due).
@@ -460,7 +504,7 @@ impl LoopState {
             let source = Catalog::shared(&cfg.source.catalog, "source").await?;
             let mut sinks = crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?;
             let rest_after = sinks.iter_mut().filter_map(|s| s.upkeep().and_then(|u| u.rest_after())).min();
-            *state = Some(Pipeline { source, sinks, idle: None, idle_since: None, rested: false, rest_after });
+            *state = Some(Pipeline { source, sinks, idle: None, idle_since: None, rested: false, rest_after, last_source: None, since: None });
         }
         let p = state.as_mut().expect("just connected");
         // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
@@ -471,21 +515,22 @@ impl LoopState {
             return Ok(());
         }
         p.idle = None;
-        let source = p.source.load_table(&cfg.source.table).await?;
-        let meta = source.metadata();
-        let Some(head) = meta.current_snapshot() else {
-            telemetry.polled(labels, 0.0, 0);
-            p.idle = Some(marks);
-            return Ok(()); // nothing to replicate yet
-        };
-        let info = pipeline::source_info(cfg, &source, head)?;
-        // the least advanced sink decides what is pending
-        let mut pending = Vec::new();
         for s in p.sinks.iter_mut() {
             if let Some(u) = s.upkeep() {
                 telemetry.maintained(labels, &u.take_maintenance());
             }
-            let behind = pending_snapshots(meta, s.recorded(&info).await?);
+        }
+        let (source, trimmed, recorded) = p.source_and_progress(cfg, marks[0].as_deref()).await?;
+        let meta = source.metadata();
+        if meta.current_snapshot().is_none() {
+            telemetry.polled(labels, 0.0, 0);
+            p.idle = Some(marks);
+            return Ok(()); // nothing to replicate yet
+        }
+        // the least advanced sink decides what is pending
+        let mut pending = Vec::new();
+        for r in recorded {
+            let behind = pending_snapshots(meta, r);
             if behind.len() > pending.len() {
                 pending = behind;
             }
@@ -515,7 +560,15 @@ impl LoopState {
         }
         // a run that applies changes waits for a worker permit (the bound on concurrent work and its memory)
         let _permit = work.acquire().await.map_err(|_| Error::Cancelled)?;
-        let summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await?;
+        let mut summary = pipeline::run(cfg, &source, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await;
+        if summary.is_err() && trimmed {
+            // a sink's progress moved off the kept snapshots meanwhile: judge with the whole history (a rerun is
+            // exactly once like any other; a trimmed view never fails a poll a full one would pass)
+            p.since = None;
+            let full = p.source.load_table(&cfg.source.table).await?;
+            summary = pipeline::run(cfg, &full, &mut p.sinks, None, None, control, |r| telemetry.committed(labels, r)).await;
+        }
+        let summary = summary?;
         telemetry.synced(labels, &summary);
         if !summary.target_snapshot_ids.is_empty() {
             *last_commit = Some(Instant::now());

@@ -8,6 +8,7 @@ pub(crate) mod name_mapping;
 #[cfg(test)]
 mod parser_props;
 pub(crate) mod projection;
+pub(crate) mod recent;
 pub(crate) mod row_lineage;
 pub(crate) mod rowenc;
 
