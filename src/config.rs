@@ -75,6 +75,30 @@ pub struct JsonlConfig {
     pub path: PathBuf,
 }
 
+impl<C: Clone> SinkConfig<C> {
+    /// This sink for source table `name` (`namespace.table`): the placeholders of its table, topic or path filled
+    /// ([`crate::pattern::fill`]).
+    pub(crate) fn for_table(&self, name: &str) -> Self {
+        let mut out = self.clone();
+        match &mut out {
+            SinkConfig::Iceberg(t) => t.table = crate::pattern::fill(&t.table, name),
+            SinkConfig::Kafka(k) => k.topic = crate::pattern::fill(&k.topic, name),
+            SinkConfig::Jsonl(j) => j.path = crate::pattern::fill(&j.path.to_string_lossy(), name).into(),
+        }
+        out
+    }
+
+    /// Whether this sink's table, topic or path names its source table ([`crate::pattern::TABLE`]): required of a
+    /// pipeline of many tables.
+    pub(crate) fn names_each_table(&self) -> bool {
+        match self {
+            SinkConfig::Iceberg(t) => t.table.contains(crate::pattern::TABLE),
+            SinkConfig::Kafka(k) => k.topic.contains(crate::pattern::TABLE),
+            SinkConfig::Jsonl(j) => j.path.to_string_lossy().contains(crate::pattern::TABLE),
+        }
+    }
+}
+
 impl<C> SinkConfig<C> {
     /// `iceberg:<table>` / `kafka:<topic>`: how the sink is named in logs and metrics.
     pub fn label(&self) -> String {

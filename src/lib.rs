@@ -10,6 +10,7 @@ pub(crate) mod change;
 pub mod config;
 pub mod error;
 pub mod output;
+pub(crate) mod pattern;
 pub mod pipeline;
 pub mod quickstart;
 pub(crate) mod redact;

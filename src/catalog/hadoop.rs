@@ -24,6 +24,9 @@ use crate::error::{AtPath, Error, Result};
 
 const VERSION_HINT: &str = "version-hint.text";
 
+/// How deep namespaces nest at most in a warehouse walk ([`Backend::list_tables`]).
+const MAX_NAMESPACE_DEPTH: usize = 8;
+
 /// How old a metadata directory's mtime must be before a listing is trusted for as long as the mtime stays.
 const SETTLED: Duration = Duration::from_secs(2);
 
@@ -196,6 +199,34 @@ impl Backend for HadoopCatalog {
     }
     async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
         Ok(HadoopCatalog::metadata_location(self, ident))
+    }
+    /// A walk of the warehouse: a directory with a `metadata/` directory holding a version is a table, any other
+    /// directory a namespace (hidden ones and those deeper than [`MAX_NAMESPACE_DEPTH`] are skipped). One listing
+    /// per directory.
+    async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        let (mut tables, mut calls, mut pending) = (Vec::new(), 0, vec![Vec::<String>::new()]);
+        while let Some(ns) = pending.pop() {
+            let mut dir = self.warehouse.clone();
+            dir.extend(&ns);
+            calls += 1;
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if ns.is_empty() => return Err(Error::data_from(dir.display().to_string(), e)),
+                Err(_) => continue, // gone meanwhile
+            };
+            for e in entries.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with('.') || name.starts_with('_') {
+                    continue;
+                }
+                if !ns.is_empty() && Self::current_version(&e.path().join("metadata")).is_some() {
+                    tables.push(TableIdent::from_strs(ns.iter().map(String::as_str).chain([name.as_str()]))?);
+                } else if ns.len() < MAX_NAMESPACE_DEPTH {
+                    pending.push(ns.iter().cloned().chain([name]).collect());
+                }
+            }
+        }
+        Ok((tables, calls))
     }
     async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
         HadoopCatalog::create_table(self, ident, creation).await

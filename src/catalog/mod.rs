@@ -73,6 +73,11 @@ pub(crate) trait Backend: Send + Sync {
     async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table>;
     /// Applies `updates` to `table` if `requirements` still hold, atomically.
     async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped>;
+    /// Every table of the catalog (nested namespaces included, paginated lists followed to the end) and how many
+    /// catalog calls that took: what table patterns are matched against.
+    async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        Err(Error::Config(vec!["this kind of catalog cannot list its tables yet: name each table in its own pipeline".into()]))
+    }
     /// A catalog server (REST): it deletes metadata files that leave the metadata log itself, and a load renews
     /// what it vends (storage credentials).
     fn is_server(&self) -> bool {
@@ -163,6 +168,15 @@ impl Catalog {
     /// Loads table `name` (`namespace.table`); [`Error::TableNotFound`] when it does not exist.
     pub async fn load_table(&self, name: &str) -> Result<Table> {
         self.backend.load_table(&Self::ident(name)?).await
+    }
+
+    /// Every table of the catalog as `namespace.table` names (sorted), and how many catalog calls listing them took.
+    pub async fn list_tables(&self) -> Result<(Vec<String>, usize)> {
+        let (idents, calls) = self.backend.list_tables().await?;
+        let mut names: Vec<String> = idents.iter().map(table_name).collect();
+        names.sort();
+        names.dedup();
+        Ok((names, calls))
     }
 
     /// Whether this is a catalog server (REST): it deletes old metadata files itself, and a load renews what it

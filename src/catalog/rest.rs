@@ -260,6 +260,9 @@ impl Backend for RestBackend {
             CommitOutcome::Unavailable(m) => Swapped::Unsure(Error::catalog("rest", m, true)),
         })
     }
+    async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        self.0.list_tables().await
+    }
     fn is_server(&self) -> bool {
         true
     }
@@ -541,6 +544,78 @@ impl RestClient {
             StatusCode::NOT_FOUND => Ok(false),
             _ => Err(self.status_error(&url, resp).await),
         }
+    }
+
+    /// Every table of the catalog: namespaces listed level by level (`parent`), each list followed through its
+    /// `next-page-token`s. Returns the tables and how many list calls it took.
+    pub async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        #[derive(Deserialize)]
+        struct Namespaces {
+            #[serde(default)]
+            namespaces: Vec<Vec<String>>,
+            #[serde(rename = "next-page-token")]
+            next: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Identifier {
+            namespace: Vec<String>,
+            name: String,
+        }
+        #[derive(Deserialize)]
+        struct Tables {
+            #[serde(default)]
+            identifiers: Vec<Identifier>,
+            #[serde(rename = "next-page-token")]
+            next: Option<String>,
+        }
+        let mut calls = 0;
+        let (mut tables, mut pending) = (Vec::new(), vec![None::<NamespaceIdent>]);
+        while let Some(parent) = pending.pop() {
+            let base = match &parent {
+                Some(ns) => format!("{}?parent={}", self.url("namespaces"), Self::ns_path(ns)),
+                None => self.url("namespaces"),
+            };
+            let mut token = None;
+            loop {
+                let page: Namespaces = self.get_page(&base, token.as_deref(), &mut calls).await?;
+                for ns in page.namespaces {
+                    let ns = NamespaceIdent::from_vec(ns).map_err(|e| Error::catalog(&self.label, format!("{base}: a namespace without a name: {e}"), false))?;
+                    let list = self.url(&format!("namespaces/{}/tables", Self::ns_path(&ns)));
+                    let mut t_token = None;
+                    loop {
+                        let page: Tables = self.get_page(&list, t_token.as_deref(), &mut calls).await?;
+                        for id in page.identifiers {
+                            tables.push(TableIdent::from_strs(id.namespace.iter().map(String::as_str).chain([id.name.as_str()]))?);
+                        }
+                        match page.next.filter(|t| !t.is_empty()) {
+                            Some(t) => t_token = Some(t),
+                            None => break,
+                        }
+                    }
+                    pending.push(Some(ns));
+                }
+                match page.next.filter(|t| !t.is_empty()) {
+                    Some(t) => token = Some(t),
+                    None => break,
+                }
+            }
+        }
+        Ok((tables, calls))
+    }
+
+    /// One page of a list call (`pageToken` when continuing); counts the call.
+    async fn get_page<T: serde::de::DeserializeOwned>(&self, base: &str, token: Option<&str>, calls: &mut usize) -> Result<T> {
+        let url = match token {
+            Some(t) => format!("{base}{}pageToken={}", if base.contains('?') { '&' } else { '?' }, urlencode(t)),
+            None => base.to_string(),
+        };
+        *calls += 1;
+        let resp = self.read(Method::GET, &url).await?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(&url, resp).await);
+        }
+        let body = resp.bytes().await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), true).with_cause(e))?;
+        serde_json::from_slice(&body).map_err(|e| Error::catalog(&self.label, format!("{url}: unexpected answer: {e}"), false).with_cause(e))
     }
 
     /// Creates the namespace; one that exists already (another writer was first) is fine.

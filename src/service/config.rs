@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::config::{keys_of, unknown_in, unknown_sink_keys, CatalogConfig, Config, EngineConfig, SinkConfig, SourceConfig};
 use crate::error::{Error, Result};
+use crate::pattern::TablePatterns;
 
 /// Default address of the telemetry endpoints (`/metrics`, `/healthz`, `/readyz`).
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
@@ -116,6 +117,10 @@ pub struct ServiceSettings {
     /// Runs that apply changes at once (each may use `engine.memory_budget`); other pipelines' polls go on while
     /// they work. Default: the number of cores, at least 2.
     pub workers: Option<usize>,
+    /// How often pipelines of table patterns list their catalogs for tables created, dropped or renamed (also on
+    /// SIGHUP). Default 1 min.
+    #[serde(default = "default_discover", with = "humantime_serde")]
+    pub discover_interval: Duration,
 }
 
 impl ServiceSettings {
@@ -169,6 +174,7 @@ impl Default for ServiceSettings {
             stall_timeout: default_stall(),
             shard: None,
             workers: None,
+            discover_interval: default_discover(),
         }
     }
 }
@@ -177,6 +183,9 @@ fn default_metrics_address() -> String {
     DEFAULT_METRICS_ADDRESS.to_string()
 }
 fn default_poll() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_discover() -> Duration {
     Duration::from_secs(60)
 }
 fn default_shutdown() -> Duration {
@@ -206,17 +215,45 @@ pub struct PipelineConfig {
 pub struct PipelineSource {
     /// Name of a `[catalogs.<name>]` section.
     pub catalog: String,
+    /// The source table (`namespace.table`); or leave it out and give `tables`.
+    #[serde(default)]
     pub table: String,
+    /// Patterns of `namespace.table` names ([`crate::pattern`]): the pipeline stands for every table of the catalog
+    /// that matches one (and no `exclude` pattern), found by discovery ([`Discovered`]); its sinks name each table's
+    /// destination with `{namespace}` and `{table}`.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Patterns of tables `tables` leaves out.
+    #[serde(default)]
+    pub exclude: Vec<String>,
     pub key_columns: Option<Vec<String>>,
     /// See [`crate::config::OnHistoryRewrite`].
     #[serde(default)]
     pub on_history_rewrite: crate::config::OnHistoryRewrite,
 }
 
+/// What discovery found: per pipeline of table patterns, the names (`namespace.table`) of the tables it stands for.
+pub type Discovered = BTreeMap<String, Vec<String>>;
+
 impl PipelineSource {
-    /// The problems of the table and key settings (the catalog is checked under `catalogs`).
+    /// The source's table patterns (`None`: one named table).
+    pub(crate) fn patterns(&self) -> Option<TablePatterns<'_>> {
+        (!self.tables.is_empty() || !self.exclude.is_empty()).then_some(TablePatterns { tables: &self.tables, exclude: &self.exclude })
+    }
+
+    /// The problems of the table (or patterns) and key settings (the catalog is checked under `catalogs`).
     fn validate(&self, at: &str, p: &mut Vec<String>) {
-        crate::config::validate_table_and_keys(at, &self.table, self.key_columns.as_deref(), p);
+        match self.patterns() {
+            Some(patterns) => {
+                if !self.table.is_empty() {
+                    p.push(format!("{at}: give `table` (one table) or `tables` (patterns), not both"));
+                }
+                patterns.validate(at, p);
+                crate::config::validate_table_and_keys(at, "namespace.table", self.key_columns.as_deref(), p);
+            }
+            None if self.table.is_empty() => p.push(format!("{at}.table: missing; name the table, or give `tables` patterns")),
+            None => crate::config::validate_table_and_keys(at, &self.table, self.key_columns.as_deref(), p),
+        }
     }
 }
 
@@ -252,6 +289,9 @@ impl ServiceConfig {
         }
         if self.service.poll_interval < MIN_POLL_INTERVAL {
             p.push("service.poll_interval: below the 100ms minimum".into());
+        }
+        if self.service.discover_interval < Duration::from_secs(1) {
+            p.push("service.discover_interval: below the 1s minimum (each discovery lists the catalogs)".into());
         }
         if let Some(Err(e)) = self.service.shard.as_deref().map(Shard::parse) {
             p.push(format!("service.shard: {e}"));
@@ -302,9 +342,19 @@ impl ServiceConfig {
             }
             pl.source.validate(&format!("{at}.source"), &mut p);
             let mut labels = HashSet::new();
-            let source = self.source_of(pl);
+            let many = pl.source.patterns().is_some();
+            // a pattern's sinks are checked as they are for a table it matches
+            let sample = if many { "namespace.table" } else { pl.source.table.as_str() };
+            let source = self.source_of(pl, sample);
             for (j, s) in pl.sinks.iter().enumerate() {
                 let sink_at = format!("{at}.sinks[{j}]");
+                if many && !s.names_each_table() {
+                    p.push(format!(
+                        "{sink_at}: {} would receive every table the patterns match; name each table's destination with {{table}} (e.g. \"replica_{{namespace}}.{{table}}\")",
+                        s.label()
+                    ));
+                }
+                let s = &s.for_table(sample);
                 match self.resolve(s) {
                     Some(resolved) => {
                         if let Some(source) = &source {
@@ -325,10 +375,10 @@ impl ServiceConfig {
         p
     }
 
-    /// A pipeline's source with its catalog resolved (`None`: no such catalog section).
-    fn source_of(&self, pl: &PipelineConfig) -> Option<SourceConfig> {
+    /// A pipeline's source, table `table`, with its catalog resolved (`None`: no such catalog section).
+    fn source_of(&self, pl: &PipelineConfig, table: &str) -> Option<SourceConfig> {
         Some(SourceConfig {
-            table: pl.source.table.clone(),
+            table: table.to_string(),
             key_columns: pl.source.key_columns.clone(),
             catalog: self.catalogs.get(&pl.source.catalog)?.clone(),
             on_history_rewrite: pl.source.on_history_rewrite,
@@ -345,8 +395,31 @@ impl ServiceConfig {
     }
 
     /// The runs of the pipelines `shard` owns (all without one). Call after [`Self::validate`] passed.
-    pub fn owned_runs(&self, shard: Option<Shard>) -> Vec<Run> {
-        self.runs().into_iter().filter(|r| shard.is_none_or(|s| s.owns(&r.pipeline))).collect()
+    pub fn owned_runs(&self, shard: Option<Shard>, found: &Discovered) -> Vec<Run> {
+        self.runs(found).into_iter().filter(|r| shard.is_none_or(|s| s.owns(&r.pipeline))).collect()
+    }
+
+    /// Whether a pipeline stands for table patterns (the service then discovers tables).
+    pub fn has_patterns(&self) -> bool {
+        self.pipelines.iter().any(|pl| pl.source.patterns().is_some())
+    }
+
+    /// Each pipeline's tables: its one table, or those of `found` for a pipeline of patterns, as (pipeline name,
+    /// table). A matched table's pipeline is named `<pipeline>:<namespace.table>` (its metrics, logs, status line,
+    /// shard and cluster assignment). Pure.
+    pub fn pipeline_tables<'a>(&'a self, found: &'a Discovered) -> Vec<(&'a PipelineConfig, String, &'a str)> {
+        let mut out = Vec::new();
+        for pl in &self.pipelines {
+            match pl.source.patterns() {
+                None => out.push((pl, pl.name.clone(), pl.source.table.as_str())),
+                Some(_) => {
+                    for t in found.get(&pl.name).into_iter().flatten() {
+                        out.push((pl, format!("{}:{t}", pl.name), t.as_str()));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The shard this file configures (`service.shard`). Call after [`Self::validate`] passed.
@@ -354,16 +427,17 @@ impl ServiceConfig {
         self.service.shard.as_deref().and_then(|s| Shard::parse(s).ok())
     }
 
-    /// Every loop of every pipeline, its catalogs resolved. Call after [`Self::validate`] passed.
-    pub fn runs(&self) -> Vec<Run> {
+    /// Every loop of every pipeline (those of patterns: of each table in `found`), its catalogs resolved and its
+    /// sinks' names filled. Call after [`Self::validate`] passed.
+    pub fn runs(&self, found: &Discovered) -> Vec<Run> {
         let mut out = Vec::new();
-        for pl in &self.pipelines {
-            let (Some(source), poll) = (self.source_of(pl), pl.poll_interval.unwrap_or(self.service.poll_interval)) else { continue };
+        for (pl, name, table) in self.pipeline_tables(found) {
+            let (Some(source), poll) = (self.source_of(pl, table), pl.poll_interval.unwrap_or(self.service.poll_interval)) else { continue };
             for read in crate::pipeline::plan::shared_reads(&pl.sinks) {
-                let sinks: Option<Vec<SinkConfig>> = read.iter().map(|&i| self.resolve(&pl.sinks[i])).collect();
+                let sinks: Option<Vec<SinkConfig>> = read.iter().map(|&i| self.resolve(&pl.sinks[i].for_table(table))).collect();
                 let Some(sinks) = sinks else { continue };
                 out.push(Run {
-                    pipeline: pl.name.clone(),
+                    pipeline: name.clone(),
                     sink: sinks.iter().map(SinkConfig::label).collect::<Vec<_>>().join("+"),
                     poll_interval: poll,
                     commit_interval: pl.commit_interval.unwrap_or(poll),
@@ -467,7 +541,7 @@ table = "r.items"
     #[test]
     fn runs_resolve_catalogs_and_defaults() {
         let cfg = ServiceConfig::parse(GOOD).unwrap();
-        let runs = cfg.runs();
+        let runs = cfg.runs(&Discovered::new());
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].poll_interval, Duration::from_millis(200));
         assert_eq!(runs[0].commit_interval, Duration::from_millis(200));

@@ -34,6 +34,7 @@
 //! shutdown.
 mod cluster;
 pub(crate) mod config;
+mod discover;
 mod http;
 mod status;
 pub use status::status;
@@ -109,8 +110,13 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
         (Some(c), None) => Ownership::Cluster(cluster::Membership::join(c, settings.shutdown_timeout, &settings.metrics_address).await?),
         (None, _) => Ownership::Shard(shard),
     };
+    // the tables pipelines of patterns stand for (a catalog that cannot be listed now is listed again at the interval)
+    let mut found = config::Discovered::new();
+    if cfg.has_patterns() {
+        found = discover::discover(&cfg, &found, &telemetry).await;
+    }
     let mut running: BTreeMap<(String, String), Running> = BTreeMap::new();
-    for r in ownership.runs(&cfg) {
+    for r in ownership.runs(&cfg, &found) {
         start(&mut running, r, &telemetry, &limits);
     }
     let started = running.len();
@@ -128,6 +134,8 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(5)).min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut discovery = tokio::time::interval_at(tokio::time::Instant::now() + settings.discover_interval, settings.discover_interval);
+    discovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hup = signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -137,7 +145,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     loop {
         tokio::select! {
             owned = ownership.changed() => {
-                reload(&mut running, ownership.runs(&current), &telemetry, &limits).await;
+                reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
                 if let Ownership::Cluster(m) = &ownership {
                     m.applied(owned.change);
                 }
@@ -163,6 +171,13 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                     }
                 }
             }
+            _ = discovery.tick(), if current.has_patterns() => {
+                let now = discover::discover(&current, &found, &telemetry).await;
+                if now != found {
+                    found = now;
+                    reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
+                }
+            }
             _ = hup.recv() => {
                 match ServiceConfig::load(path) {
                     Err(e) => telemetry.reloaded(Some(&e)),
@@ -177,7 +192,10 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                             Ownership::Cluster(_) => {}
                         }
                         current = new;
-                        reload(&mut running, ownership.runs(&current), &telemetry, &limits).await;
+                        if current.has_patterns() {
+                            found = discover::discover(&current, &found, &telemetry).await;
+                        }
+                        reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
                         telemetry.reloaded(None);
                     }
                 }
@@ -215,11 +233,11 @@ enum Ownership {
 }
 
 impl Ownership {
-    /// The runs of `cfg` this instance owns now.
-    fn runs(&self, cfg: &ServiceConfig) -> Vec<Run> {
+    /// The runs of `cfg` (its patterns' tables as `found`) this instance owns now.
+    fn runs(&self, cfg: &ServiceConfig, found: &config::Discovered) -> Vec<Run> {
         match self {
-            Ownership::Shard(shard) => cfg.owned_runs(*shard),
-            Ownership::Cluster(m) => cfg.runs().into_iter().filter(|r| m.owns(&r.pipeline)).collect(),
+            Ownership::Shard(shard) => cfg.owned_runs(*shard, found),
+            Ownership::Cluster(m) => cfg.runs(found).into_iter().filter(|r| m.owns(&r.pipeline)).collect(),
         }
     }
 
@@ -609,8 +627,37 @@ fn pending_snapshots(meta: &iceberg::spec::TableMetadata, progress: Option<i64>)
 /// failed.
 pub async fn check(path: &Path) -> Result<bool> {
     let cfg = ServiceConfig::load(path)?;
-    let runs = cfg.runs();
     let mut failed = 0;
+    // what each pipeline of patterns matches now (one listing per catalog)
+    let mut listings = BTreeMap::new();
+    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
+        let name = pl.source.catalog.as_str();
+        if listings.contains_key(name) {
+            continue;
+        }
+        let listed = match Catalog::connect(&cfg.catalogs[name], name).await {
+            Ok(c) => c.list_tables().await,
+            Err(e) => Err(e),
+        };
+        match listed {
+            Ok((tables, calls)) => {
+                println!("ok    catalog {name}: {} tables listed in {calls} calls", tables.len());
+                listings.insert(name, Some(tables));
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  catalog {name}: cannot list its tables: {e}");
+                listings.insert(name, None);
+            }
+        }
+    }
+    let found = discover::select(&cfg, &listings, &config::Discovered::new());
+    for (pipeline, tables) in &found {
+        let shown = tables.iter().take(20).cloned().collect::<Vec<_>>().join(", ");
+        let more = if tables.len() > 20 { format!(", … {} more", tables.len() - 20) } else { String::new() };
+        println!("match {pipeline}: {} tables{}{shown}{more}", tables.len(), if tables.is_empty() { "" } else { ": " });
+    }
+    let runs = cfg.runs(&found);
     for r in &runs {
         let line = async {
             let s = Catalog::connect(&r.config.source.catalog, "source").await?;
@@ -647,9 +694,9 @@ pub async fn check(path: &Path) -> Result<bool> {
     }
     println!(
         "{} pipelines, {} loops (one per sink; `cdc run` starts every one): {} ok, {failed} failed",
-        cfg.pipelines.len(),
+        cfg.pipeline_tables(&found).len(),
         runs.len(),
-        runs.len() - failed
+        (runs.len() + listings.len()).saturating_sub(failed)
     );
     Ok(failed == 0)
 }

@@ -38,7 +38,11 @@ pub struct PipelineStatus {
 /// overrides the file's (the instance to ask without a cluster).
 pub async fn status(path: &Path, metrics_address: Option<String>) -> Result<Vec<PipelineStatus>> {
     let cfg = ServiceConfig::load(path)?;
-    let runs = cfg.runs();
+    let found = match cfg.has_patterns() {
+        true => super::discover::discover(&cfg, &Default::default(), &super::telemetry::Telemetry::new()).await,
+        false => Default::default(),
+    };
+    let runs = cfg.runs(&found);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| Error::Internal(format!("http client: {e}")))?;
     // (how the owner is named, the address to ask — none with telemetry off —, the pipelines it owns: None = all)
     let owners: Vec<(String, Option<String>, Option<Vec<String>>)> = match &cfg.cluster {

@@ -43,6 +43,14 @@ struct RowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiscoveryLabels {
+    /// The pipeline of table patterns, or the catalog listed.
+    name: String,
+    /// `added`, `gone`; `ok`, `failed`.
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     pipeline: String,
     sink: String,
@@ -149,6 +157,11 @@ pub struct Telemetry {
     bytes_rewritten: Family<RunLabels, Counter>,
     orphans_deleted: Family<RunLabels, Counter>,
     status: Mutex<BTreeMap<RunLabels, RunStatus>>,
+    discovered_tables: Family<DiscoveryLabels, Gauge>,
+    discovery_changes: Family<DiscoveryLabels, Counter>,
+    discovery_lists: Family<DiscoveryLabels, Counter>,
+    discovery_calls: Family<DiscoveryLabels, Counter>,
+    discovery_seconds: Family<DiscoveryLabels, Counter<f64, AtomicU64>>,
 }
 
 /// The last configuration reload, as `/status` shows it.
@@ -205,8 +218,22 @@ impl Telemetry {
             bytes_rewritten: Family::default(),
             orphans_deleted: Family::default(),
             status: Mutex::new(BTreeMap::new()),
+            discovered_tables: Family::default(),
+            discovery_changes: Family::default(),
+            discovery_lists: Family::default(),
+            discovery_calls: Family::default(),
+            discovery_seconds: Family::default(),
             registry: Registry::default(),
         };
+        registry.register("cdc_discovered_tables", "Tables a pipeline of table patterns stands for (kind=\"ok\")", t.discovered_tables.clone());
+        registry.register(
+            "cdc_discovery_table_changes",
+            "Tables a pipeline of table patterns gained (kind=\"added\") or lost (kind=\"gone\": dropped, renamed or excluded) at a discovery",
+            t.discovery_changes.clone(),
+        );
+        registry.register("cdc_discovery_lists", "Listings of a catalog's tables for discovery, by outcome (ok, failed)", t.discovery_lists.clone());
+        registry.register("cdc_discovery_catalog_calls", "Catalog calls discovery made (list pages, directory listings)", t.discovery_calls.clone());
+        registry.register_with_unit("cdc_discovery_duration", "Time spent listing a catalog's tables", Unit::Seconds, t.discovery_seconds.clone());
         registry.register_with_unit(
             "cdc_replication_lag",
             "Now minus the commit time of the oldest source snapshot not yet applied (0 when caught up)",
@@ -487,6 +514,37 @@ impl Telemetry {
         self.last_reload_success.set(i64::from(error.is_none()));
         let status = ReloadStatus { at_unix_seconds: now, taken: error.is_none(), error: error.map(|e| e.to_string()) };
         *self.last_reload.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    }
+
+    /// Event: discovery listed catalog `catalog` (`Ok`: its table count and catalog calls) in `seconds`.
+    pub(crate) fn catalog_listed(&self, catalog: &str, outcome: Result<(usize, usize), &Error>, seconds: f64) {
+        let l = |kind: &str| DiscoveryLabels { name: catalog.into(), kind: kind.into() };
+        match outcome {
+            Ok((tables, calls)) => {
+                tracing::debug!(catalog, tables, calls, seconds, "catalog listed for discovery");
+                self.discovery_lists.get_or_create(&l("ok")).inc();
+                self.discovery_calls.get_or_create(&l("ok")).inc_by(calls as u64);
+            }
+            Err(e) => {
+                tracing::warn!(catalog, error = %e, "discovery could not list the catalog; its pipelines keep the tables found before");
+                self.discovery_lists.get_or_create(&l("failed")).inc();
+            }
+        }
+        self.discovery_seconds.get_or_create(&l("ok")).inc_by(seconds);
+    }
+
+    /// Event: discovery found `tables` for pipeline `pipeline`, `added` of them new and `gone` no longer there.
+    pub(crate) fn tables_discovered(&self, pipeline: &str, tables: usize, added: &[String], gone: &[String]) {
+        let l = |kind: &str| DiscoveryLabels { name: pipeline.into(), kind: kind.into() };
+        self.discovered_tables.get_or_create(&l("ok")).set(tables as i64);
+        for t in added {
+            tracing::info!(pipeline, table = %t, "table discovered; its pipeline starts");
+        }
+        for t in gone {
+            tracing::warn!(pipeline, table = %t, "table no longer matched (dropped, renamed or excluded); its pipeline stops and its destination stays");
+        }
+        self.discovery_changes.get_or_create(&l("added")).inc_by(added.len() as u64);
+        self.discovery_changes.get_or_create(&l("gone")).inc_by(gone.len() as u64);
     }
 
     /// The last configuration reload, for `/status`.
