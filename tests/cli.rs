@@ -2241,3 +2241,89 @@ async fn a_disk_that_fills_at_any_step_of_a_sync_leaves_nothing_behind() {
         assert!(failed_on.contains(step), "the disk filled at {step}: {failed_on:?}");
     }
 }
+
+/// A pipeline of table patterns (issue 53): every matching table of the source catalog is replicated to the name its
+/// template gives, excluded and unmatched ones are not; `cdc check` lists the matches; a table created while the
+/// service runs is found at the next discovery and followed; a dropped one stops its loop (its replica stays) and is
+/// counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, _, wh) = quickstart_table(dir.path()).await;
+    let make = |name: &'static str| {
+        let catalog = &catalog;
+        async move {
+            let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+            let t = catalog.create_table(name, creation).await.unwrap();
+            quickstart::commit_changes(catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap()
+        }
+    };
+    for name in ["sales.orders", "sales.items", "sales.tmp_x", "hr.people"] {
+        make(name).await;
+    }
+    let tw = dir.path().join("replica");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    let toml = format!(
+        "[service]\npoll_interval = \"200ms\"\ndiscover_interval = \"1s\"\nmetrics_address = \"127.0.0.1:{port}\"\nshutdown_timeout = \"10s\"\n\n\
+         [catalogs.lake]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n[catalogs.replica]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n\n\
+         [[pipelines]]\nname = \"sales\"\nsource = {{ catalog = \"lake\", tables = [\"sales.*\"], exclude = [\"sales.tmp_*\"] }}\n\n\
+         [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"replica\"\ntable = \"replica_{{namespace}}.{{table}}\"\n",
+        wh.display(),
+        tw.display()
+    );
+    std::fs::write(&cfg, toml).unwrap();
+    let checked = ok(cdc(&["check", "--config", cfg.to_str().unwrap()]));
+    assert!(checked.contains("match sales: 2 tables: sales.items, sales.orders"), "{checked}");
+
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    let equal = |source: &'static str, target: &'static str, secs: u64| {
+        let (catalog, tw) = (&catalog, &tw);
+        async move {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+            while std::time::Instant::now() < end {
+                if caught_up(tw, target, &catalog.load_table(source).await.unwrap()).await {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            false
+        }
+    };
+    assert!(equal("sales.orders", "replica_sales.orders", 30).await, "{}", log());
+    assert!(equal("sales.items", "replica_sales.items", 30).await, "{}", log());
+    for left_out in ["replica_sales/tmp_x", "replica_hr/people"] {
+        assert!(!tw.join(left_out).exists(), "{left_out} was replicated: {}", log());
+    }
+    // a change to a matched table is followed like any pipeline's
+    let t = catalog.load_table("sales.orders").await.unwrap();
+    quickstart::commit_changes(&catalog, &t, &[(3, "later", 3)], &[1]).await.unwrap();
+    assert!(equal("sales.orders", "replica_sales.orders", 30).await, "{}", log());
+
+    // a new table is found at the next discovery (1 s) and followed
+    make("sales.returns").await;
+    assert!(equal("sales.returns", "replica_sales.returns", 30).await, "{}", log());
+    let m = http_get(port, "/metrics").1;
+    assert_eq!(metric(&m, "cdc_discovered_tables", "name=\"sales\""), Some(3.0), "{m}");
+    assert!(metric(&m, "cdc_pipeline_owned", "pipeline=\"sales:sales.returns\"").is_some(), "its own loop and labels: {m}");
+
+    // a dropped table stops its loop; its replica stays
+    let db = rusqlite::Connection::open(wh.join("catalog.db")).unwrap();
+    db.execute("DELETE FROM iceberg_tables WHERE table_namespace = 'sales' AND table_name = 'items'", []).unwrap();
+    assert!(
+        wait_until(15, || metric(&http_get(port, "/metrics").1, "cdc_discovery_table_changes_total", "kind=\"gone\"") == Some(1.0)),
+        "{}",
+        http_get(port, "/metrics").1
+    );
+    assert!(wait_until(10, || log().contains("no longer matched")), "{}", log());
+    let m = http_get(port, "/metrics").1;
+    assert_eq!(metric(&m, "cdc_discovered_tables", "name=\"sales\""), Some(2.0), "{m}");
+    assert!(metric(&m, "cdc_pipeline_owned", "pipeline=\"sales:sales.items\"").is_none_or(|v| v == 0.0), "its loop is gone: {m}");
+    assert!(tw.join("replica_sales/items/metadata").exists(), "the replica stays");
+    assert!(wait_until(10, || http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
+
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}
