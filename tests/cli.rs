@@ -2253,7 +2253,8 @@ async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
     let make = |name: &'static str| {
         let catalog = &catalog;
         async move {
-            let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+            let creation =
+                iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
             let t = catalog.create_table(name, creation).await.unwrap();
             quickstart::commit_changes(catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap()
         }

@@ -579,7 +579,8 @@ impl RestClient {
             loop {
                 let page: Namespaces = self.get_page(&base, token.as_deref(), &mut calls).await?;
                 for ns in page.namespaces {
-                    let ns = NamespaceIdent::from_vec(ns).map_err(|e| Error::catalog(&self.label, format!("{base}: a namespace without a name: {e}"), false))?;
+                    let ns = NamespaceIdent::from_vec(ns)
+                        .map_err(|e| Error::catalog(&self.label, format!("{base}: a namespace without a name: {e}"), false))?;
                     let list = self.url(&format!("namespaces/{}/tables", Self::ns_path(&ns)));
                     let mut t_token = None;
                     loop {

@@ -107,17 +107,16 @@ impl Backend for SqlCatalog {
 
     /// One query over the catalog's table of tables (views left out where the schema says which are which).
     async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
-        let typed = "SELECT table_namespace, table_name FROM iceberg_tables WHERE catalog_name = ? AND (iceberg_type IS NULL OR iceberg_type = 'TABLE')";
+        let typed =
+            "SELECT table_namespace, table_name FROM iceberg_tables WHERE catalog_name = ? AND (iceberg_type IS NULL OR iceberg_type = 'TABLE')";
         let plain = "SELECT table_namespace, table_name FROM iceberg_tables WHERE catalog_name = ?";
         let rows: Vec<(String, String)> = match sqlx::query_as(typed).bind(&self.name).fetch_all(&self.pool).await {
             Ok(rows) => rows,
             // a catalog created before the column existed (Iceberg's JDBC schema v0)
             Err(_) => sqlx::query_as(plain).bind(&self.name).fetch_all(&self.pool).await.map_err(|e| Error::catalog("sql", e, true))?,
         };
-        let idents = rows
-            .iter()
-            .map(|(ns, t)| TableIdent::from_strs(ns.split('.').chain([t.as_str()])))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let idents =
+            rows.iter().map(|(ns, t)| TableIdent::from_strs(ns.split('.').chain([t.as_str()]))).collect::<std::result::Result<Vec<_>, _>>()?;
         Ok((idents, 1))
     }
 

@@ -280,7 +280,8 @@ mod tests {
                 )
             })
             .collect();
-        let log: Vec<String> = (1..=n).map(|i| format!(r#"{{"snapshot-id": {}, "timestamp-ms": {}}}"#, 1000 + i, 1_700_000_000_000 + i * 1000)).collect();
+        let log: Vec<String> =
+            (1..=n).map(|i| format!(r#"{{"snapshot-id": {}, "timestamp-ms": {}}}"#, 1000 + i, 1_700_000_000_000 + i * 1000)).collect();
         format!(
             r#"{{
   "format-version": 2, "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1", "location": "s3://b/t",
