@@ -470,8 +470,16 @@ fn default_file_size() -> u64 {
 #[serde(deny_unknown_fields)]
 /// The source table.
 pub struct SourceConfig {
-    /// `namespace.table` (nested namespaces: `a.b.table`).
+    /// `namespace.table` (nested namespaces: `a.b.table`); or leave it out and give `tables` (`cdc sync` only).
+    #[serde(default)]
     pub table: String,
+    /// Patterns of `namespace.table` names ([`crate::pattern`]): `cdc sync` copies every matching table of the
+    /// catalog, each to the destination its sinks' `{namespace}`/`{table}` templates name.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Patterns of tables `tables` leaves out.
+    #[serde(default)]
+    pub exclude: Vec<String>,
     /// Row key; default: the table's identifier fields.
     pub key_columns: Option<Vec<String>>,
     /// Where the table is.
@@ -479,6 +487,23 @@ pub struct SourceConfig {
     /// What a destination does when the source's history no longer runs through its progress.
     #[serde(default)]
     pub on_history_rewrite: OnHistoryRewrite,
+}
+
+impl SourceConfig {
+    /// The source's table patterns (`None`: one named table).
+    pub(crate) fn patterns(&self) -> Option<crate::pattern::TablePatterns<'_>> {
+        (!self.tables.is_empty() || !self.exclude.is_empty()).then_some(crate::pattern::TablePatterns { tables: &self.tables, exclude: &self.exclude })
+    }
+
+    /// Whether the source is given as table patterns (`tables`) rather than one table.
+    pub fn has_patterns(&self) -> bool {
+        self.patterns().is_some()
+    }
+
+    /// This source for table `name` of its catalog (no patterns).
+    pub(crate) fn for_table(&self, name: &str) -> SourceConfig {
+        SourceConfig { table: name.to_string(), tables: Vec::new(), exclude: Vec::new(), ..self.clone() }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -792,6 +817,24 @@ impl Config {
         parse_checked(text, unknown_keys, ConfigFile::validate).map(Config::from)
     }
 
+    /// [`Self::load`] for a command that reads one table: a file of table patterns is refused (they are for `cdc
+    /// sync` and the service), and the sinks' `{namespace}`/`{table}` templates are filled with the source's table.
+    pub fn load_one(path: &Path) -> Result<Config> {
+        let cfg = Self::load(path)?;
+        if cfg.source.patterns().is_some() {
+            return Err(Error::Config(vec![
+                "source.tables: this command reads one table; name it with source.table (patterns are for `cdc sync` and `cdc run`)".into(),
+            ]));
+        }
+        Ok(cfg.for_table(&cfg.source.table))
+    }
+
+    /// This configuration for table `name` of the source's catalog: the source names it (no patterns), and each
+    /// sink's templates are filled ([`SinkConfig::for_table`]).
+    pub fn for_table(&self, name: &str) -> Config {
+        Config { source: self.source.for_table(name), sinks: self.sinks.iter().map(|s| s.for_table(name)).collect(), engine: self.engine.clone() }
+    }
+
     /// The Iceberg target tables among the sinks, in order.
     pub fn targets(&self) -> impl Iterator<Item = &TargetConfig> + Clone {
         self.sinks.iter().filter_map(|s| match s {
@@ -806,16 +849,30 @@ impl ConfigFile {
     /// `sinks[i]`).
     fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
-        validate_table_and_keys("source", &self.source.table, self.source.key_columns.as_deref(), &mut p);
+        // a file of patterns is checked as it is for a table they match
+        let many = self.source.patterns().is_some();
+        let source = match self.source.patterns() {
+            Some(patterns) => {
+                if !self.source.table.is_empty() {
+                    p.push("source: give `table` (one table) or `tables` (patterns), not both".into());
+                }
+                patterns.validate("source", &mut p);
+                self.source.for_table("namespace.table")
+            }
+            None => self.source.clone(),
+        };
+        validate_table_and_keys("source", &source.table, source.key_columns.as_deref(), &mut p);
         self.source.catalog.validate("source.catalog", &mut p);
-        if let Some(t) = &self.target {
-            t.validate("target", &self.source, &mut p);
-        }
-        if let Some(k) = &self.kafka {
-            k.validate("kafka", &mut p);
-        }
-        for (i, sink) in self.sinks.iter().enumerate() {
-            sink.validate(&format!("sinks[{i}]"), &self.source, &mut p);
+        let shorthands = self.target.clone().map(|t| ("target".to_string(), SinkConfig::Iceberg(t)));
+        let named = shorthands.into_iter().chain(self.kafka.clone().map(|k| ("kafka".to_string(), SinkConfig::Kafka(k))));
+        for (at, sink) in named.chain(self.sinks.iter().enumerate().map(|(i, s)| (format!("sinks[{i}]"), s.clone()))) {
+            if many && !sink.names_each_table() {
+                p.push(format!(
+                    "{at}: {} would receive every table the patterns match; name each table's destination with {{table}} (e.g. \"replica_{{namespace}}.{{table}}\")",
+                    sink.label()
+                ));
+            }
+            sink.for_table(&source.table).validate(&at, &source, &mut p);
         }
         self.engine.validate(&mut p);
         p

@@ -37,6 +37,8 @@ pub mod exit {
     pub const HISTORY: i32 = 14;
     /// `cdc status`: no instance of the service answers, or some of its pipelines are not running cleanly.
     pub const SERVICE: i32 = 15;
+    /// `cdc sync` of table patterns: some tables failed (each said why); the others were synced.
+    pub const PARTIAL: i32 = 16;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +166,15 @@ pub enum Error {
     #[error("service: {0}")]
     /// `cdc status`: what is wrong with the running service (not reachable, pipelines failing).
     Service(String),
+
+    #[error("{} of {total} tables failed ({}); the others were synced — fix what each error above says and run again (synced tables resume from their progress)", failed.len(), failed.join(", "))]
+    /// `cdc sync` of table patterns: these tables failed, each reported as it did.
+    Partial {
+        /// The tables that failed.
+        failed: Vec<String>,
+        /// The tables the patterns matched.
+        total: usize,
+    },
 
     #[error("key columns: {0}")]
     /// The key columns cannot be resolved.
@@ -320,6 +331,7 @@ impl Error {
             Error::Range(_) => "range",
             Error::HistoryRewritten { .. } => "history_rewritten",
             Error::Service(_) => "service",
+            Error::Partial { .. } => "partial",
             Error::Key(_) | Error::Schema(_) => "schema",
             Error::Data { .. } | Error::MissingFile { .. } => "data",
             Error::UnsupportedFormat { .. } => "unsupported_format",
@@ -370,6 +382,7 @@ impl Error {
             Error::Range(_) => exit::RANGE,
             Error::HistoryRewritten { .. } => exit::HISTORY,
             Error::Service(_) => exit::SERVICE,
+            Error::Partial { .. } => exit::PARTIAL,
             Error::Key(_) | Error::Schema(_) => exit::SCHEMA,
             Error::Data { .. } | Error::MissingFile { .. } | Error::UnsupportedFormat { .. } => exit::DATA,
             Error::ExpiredParent { .. } => exit::EXPIRED,

@@ -197,6 +197,88 @@ fn main() -> ExitCode {
     }
 }
 
+/// `cdc sync` of one table: per commit a line (a progress bar on a terminal), then the run's summary.
+async fn sync_one(cfg: &Config, from: Option<Bound>, to: Option<Bound>, json: bool) -> anyhow::Result<()> {
+    // On a terminal, long runs show a progress bar (snapshots applied / planned); elsewhere, one line a commit.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = tty.then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} snapshots {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let (mut rows, mut bytes) = (0u64, 0u64);
+    // the destinations first: a config without one fails before anything is read
+    let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table), iceberg_cdc::sink::Lifetime::OneShot).await?;
+    let mut sinks = iceberg_cdc::sink::testing::PauseBeforeCommit::from_env(opened);
+    let summary = pipeline::run_sync(&cfg, &mut sinks, from, to, |c| {
+        let s = &c.stats;
+        if let Some(b) = &bar {
+            rows += s.inserts + s.deletes + s.updates;
+            bytes += s.bytes;
+            b.set_length(c.planned_snapshots as u64);
+            b.set_position(c.done_snapshots as u64);
+            b.set_message(format!("{rows} rows, {:.1} MB", bytes as f64 / 1e6));
+            return;
+        }
+        eprintln!(
+            "cdc: source {}..{} ({} snapshot(s)) -> target snapshot {}: {} insert, {} delete, {} update; {} files, {:.1} MB",
+            c.first_source_snapshot,
+            c.last_source_snapshot,
+            c.source_snapshots,
+            c.target_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "(already applied)".into()),
+            s.inserts,
+            s.deletes,
+            s.updates,
+            s.files,
+            s.bytes as f64 / 1e6
+        );
+    })
+    .await;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let summary = summary?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    }
+    eprintln!(
+        "cdc: sync {} -> {}{}: {} source snapshot(s) in {} commit(s), {} insert, {} delete, {} update, {} files / {:.1} MB written, target at source snapshot {}, {:.2}s",
+        summary.source_table,
+        summary.target_table,
+        if summary.bootstrap { " (initial copy)" } else { "" },
+        summary.source_snapshots_applied,
+        summary.target_snapshot_ids.len(),
+        summary.inserts, summary.deletes, summary.updates,
+        summary.files_written, summary.bytes_written as f64 / 1e6,
+        summary.source_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
+        summary.seconds
+    );
+    if let Some(h) = &summary.history_rewrite {
+        eprintln!(
+            "cdc: the source's history was rewritten ({}): the target went from source snapshot {} to {} in one commit ({} snapshot(s) undone)",
+            h.kind.as_str(),
+            h.from_snapshot.map(|i| i.to_string()).unwrap_or_else(|| "(the dropped table's)".into()),
+            h.to_snapshot,
+            h.undone_snapshots
+        );
+    }
+    let os = &summary.object_store;
+    if os.read_requests + os.objects_written > 0 {
+        eprintln!(
+            "cdc: object store: {} reads / {:.1} MB, {} objects / {:.1} MB written, {} other requests",
+            os.read_requests,
+            os.read_bytes as f64 / 1e6,
+            os.objects_written,
+            os.written_bytes as f64 / 1e6,
+            os.other_requests
+        );
+    }
+    Ok(())
+}
+
 /// The error and its causes, each cause once: messages that already quote their source are not repeated.
 fn render(e: &anyhow::Error) -> String {
     let mut out = e.to_string();
@@ -213,7 +295,7 @@ fn render(e: &anyhow::Error) -> String {
 async fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Snapshots { config, json } => {
-            let cfg = Config::load(&config)?;
+            let cfg = Config::load_one(&config)?;
             let (_, table) = pipeline::load_source(&cfg).await?;
             let lineage = lineage::main_lineage(table.metadata());
             if !json {
@@ -255,7 +337,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
         }
         Cmd::Changes { config, range, format, output } => {
-            let cfg = Config::load(&config)?;
+            let cfg = Config::load_one(&config)?;
             let (from, to) = range.bounds()?;
             let (_, table) = pipeline::load_source(&cfg).await?;
             let summary =
@@ -277,7 +359,7 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             );
         }
         Cmd::Maintain { config, json } => {
-            let cfg = Config::load(&config)?;
+            let cfg = Config::load_one(&config)?;
             if cfg.targets().next().is_none() {
                 return Err(Error::Config(vec!["[target]: `cdc maintain` maintains the Iceberg target; this file has none".into()]).into());
             }
@@ -307,84 +389,29 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
         }
         Cmd::Sync { config, range, json } => {
-            let cfg = Config::load(&config)?;
             let (from, to) = range.bounds()?;
-            // On a terminal, long runs show a progress bar (snapshots applied / planned); elsewhere, one line a commit.
-            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let bar = tty.then(|| {
-                let b = indicatif::ProgressBar::new(0);
-                b.set_style(
-                    indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} snapshots {msg}")
-                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                );
-                b
-            });
-            let (mut rows, mut bytes) = (0u64, 0u64);
-            // the destinations first: a config without one fails before anything is read
-            let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table), iceberg_cdc::sink::Lifetime::OneShot).await?;
-            let mut sinks = iceberg_cdc::sink::testing::PauseBeforeCommit::from_env(opened);
-            let summary = pipeline::run_sync(&cfg, &mut sinks, from, to, |c| {
-                let s = &c.stats;
-                if let Some(b) = &bar {
-                    rows += s.inserts + s.deletes + s.updates;
-                    bytes += s.bytes;
-                    b.set_length(c.planned_snapshots as u64);
-                    b.set_position(c.done_snapshots as u64);
-                    b.set_message(format!("{rows} rows, {:.1} MB", bytes as f64 / 1e6));
-                    return;
+            let cfg = Config::load(&config)?;
+            if !cfg.source.has_patterns() {
+                sync_one(&cfg.for_table(&cfg.source.table), from, to, json).await?;
+                return Ok(());
+            }
+            // table patterns: every matching table, one after the other; a failed one does not stop the others
+            if from.is_some() || to.is_some() {
+                return Err(Error::Config(vec!["--from/--to name snapshots of one table; with source.tables each table syncs from its own progress to its head".into()]).into());
+            }
+            let tables = pipeline::matching_tables(&cfg).await?;
+            eprintln!("cdc: {} table(s) match: {}", tables.len(), tables.join(", "));
+            let mut failed = Vec::new();
+            for (i, t) in tables.iter().enumerate() {
+                eprintln!("cdc: [{}/{}] {t}", i + 1, tables.len());
+                if let Err(e) = sync_one(&cfg.for_table(t), None, None, json).await {
+                    eprintln!("cdc: {t}: failed: {}", render(&e));
+                    failed.push(t.clone());
                 }
-                eprintln!(
-                    "cdc: source {}..{} ({} snapshot(s)) -> target snapshot {}: {} insert, {} delete, {} update; {} files, {:.1} MB",
-                    c.first_source_snapshot,
-                    c.last_source_snapshot,
-                    c.source_snapshots,
-                    c.target_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "(already applied)".into()),
-                    s.inserts,
-                    s.deletes,
-                    s.updates,
-                    s.files,
-                    s.bytes as f64 / 1e6
-                );
-            })
-            .await;
-            if let Some(b) = &bar {
-                b.finish_and_clear();
             }
-            let summary = summary?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            }
-            eprintln!(
-                "cdc: sync {} -> {}{}: {} source snapshot(s) in {} commit(s), {} insert, {} delete, {} update, {} files / {:.1} MB written, target at source snapshot {}, {:.2}s",
-                summary.source_table,
-                summary.target_table,
-                if summary.bootstrap { " (initial copy)" } else { "" },
-                summary.source_snapshots_applied,
-                summary.target_snapshot_ids.len(),
-                summary.inserts, summary.deletes, summary.updates,
-                summary.files_written, summary.bytes_written as f64 / 1e6,
-                summary.source_snapshot_id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
-                summary.seconds
-            );
-            if let Some(h) = &summary.history_rewrite {
-                eprintln!(
-                    "cdc: the source's history was rewritten ({}): the target went from source snapshot {} to {} in one commit ({} snapshot(s) undone)",
-                    h.kind.as_str(),
-                    h.from_snapshot.map(|i| i.to_string()).unwrap_or_else(|| "(the dropped table's)".into()),
-                    h.to_snapshot,
-                    h.undone_snapshots
-                );
-            }
-            let os = &summary.object_store;
-            if os.read_requests + os.objects_written > 0 {
-                eprintln!(
-                    "cdc: object store: {} reads / {:.1} MB, {} objects / {:.1} MB written, {} other requests",
-                    os.read_requests,
-                    os.read_bytes as f64 / 1e6,
-                    os.objects_written,
-                    os.written_bytes as f64 / 1e6,
-                    os.other_requests
-                );
+            eprintln!("cdc: {} table(s): {} synced, {} failed", tables.len(), tables.len() - failed.len(), failed.len());
+            if !failed.is_empty() {
+                return Err(Error::Partial { failed, total: tables.len() }.into());
             }
         }
         Cmd::Quickstart { dir, changes_only } => {

@@ -2323,8 +2323,86 @@ async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
     assert_eq!(metric(&m, "cdc_discovered_tables", "name=\"sales\""), Some(2.0), "{m}");
     assert!(metric(&m, "cdc_pipeline_owned", "pipeline=\"sales:sales.items\"").is_none_or(|v| v == 0.0), "its loop is gone: {m}");
     assert!(tw.join("replica_sales/items/metadata").exists(), "the replica stays");
+    // … marked as no longer updated (on_drop = "keep", the default)
+    let marked = || async {
+        let cat = Catalog::connect(
+            &Config::parse(&format!("[source]\ntable = \"x.y\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display())).unwrap().source.catalog,
+            "t",
+        )
+        .await
+        .unwrap();
+        cat.load_table("replica_sales.items").await.unwrap().metadata().properties().get("cdc.source-gone").cloned()
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while marked().await.is_none() && std::time::Instant::now() < end {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let mark = marked().await.unwrap_or_default();
+    assert!(mark.contains("sales.items: the source table is gone"), "{mark:?}: {}", log());
     assert!(wait_until(10, || http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
 
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}
+
+/// `cdc sync` of table patterns (issue 53): a DR copy of a namespace in one command. Every matching table is copied
+/// to the name its template gives, with a line per table and a summary; a table that fails (no key) does not stop
+/// the others, and the exit code says some failed; a second run resumes each from its progress. A command that
+/// reads one table refuses a file of patterns.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sync_of_patterns_copies_each_matching_table_and_a_failed_one_stops_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, _, wh) = quickstart_table(dir.path()).await;
+    for name in ["sales.orders", "sales.items", "sales.tmp_x", "hr.people"] {
+        let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+        let t = catalog.create_table(name, creation).await.unwrap();
+        quickstart::commit_changes(&catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap();
+    }
+    // a matching table without identifier fields: its key cannot be resolved
+    let fields = quickstart::demo_schema().unwrap().as_struct().fields().to_vec();
+    let keyless = iceberg::spec::Schema::builder().with_fields(fields).build().unwrap();
+    let t = catalog.create_table("sales.keyless", iceberg::TableCreation::builder().name("keyless".into()).schema(keyless).build()).await.unwrap();
+    let b = quickstart::orders_batch(&t, &[(7, "k", 7)]).unwrap();
+    let files = iceberg_cdc::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
+    let c = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
+    catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+
+    let tw = dir.path().join("dr");
+    let cfg = config(
+        dir.path(),
+        &format!(
+            "[source]\ntables = [\"sales.*\"]\nexclude = [\"sales.tmp_*\"]\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n\
+             [target]\ntable = \"dr_{{namespace}}.{{table}}\"\n[target.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n",
+            wh.display(),
+            tw.display()
+        ),
+    );
+    let out = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(code(&out), exit::PARTIAL, "{said}");
+    assert!(said.contains("3 table(s) match: sales.items, sales.keyless, sales.orders"), "{said}");
+    assert!(said.contains("sales.keyless: failed") && said.contains("3 table(s): 2 synced, 1 failed"), "{said}");
+    assert!(said.contains("1 of 3 tables failed (sales.keyless)"), "{said}");
+    for (source, target) in [("sales.orders", "dr_sales.orders"), ("sales.items", "dr_sales.items")] {
+        assert!(caught_up(&tw, target, &catalog.load_table(source).await.unwrap()).await, "{target}: {said}");
+    }
+    assert!(!tw.join("dr_sales/tmp_x").exists() && !tw.join("dr_hr").exists(), "excluded and unmatched tables are not copied");
+
+    // a change, then the same command: each table resumes from its own progress
+    let t = catalog.load_table("sales.items").await.unwrap();
+    quickstart::commit_changes(&catalog, &t, &[(3, "more", 3)], &[1]).await.unwrap();
+    let again = cdc(&["sync", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code(&again), exit::PARTIAL, "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(caught_up(&tw, "dr_sales.items", &catalog.load_table("sales.items").await.unwrap()).await);
+    // a range names snapshots of one table; other commands read one table
+    let ranged = cdc(&["sync", "--config", cfg.to_str().unwrap(), "--to-snapshot", "1"]);
+    assert_eq!(code(&ranged), exit::CONFIG, "{}", String::from_utf8_lossy(&ranged.stderr));
+    let changes = cdc(&["changes", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code(&changes), exit::CONFIG);
+    assert!(String::from_utf8_lossy(&changes.stderr).contains("this command reads one table"), "{}", String::from_utf8_lossy(&changes.stderr));
+    // a template that does not name each table is refused
+    let one_place = config(dir.path(), &std::fs::read_to_string(&cfg).unwrap().replace("dr_{namespace}.{table}", "dr.all"));
+    let refused = cdc(&["sync", "--config", one_place.to_str().unwrap()]);
+    assert_eq!(code(&refused), exit::CONFIG);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("would receive every table"), "{}", String::from_utf8_lossy(&refused.stderr));
 }

@@ -44,6 +44,13 @@ pub(crate) trait Metastore: Send + Sync + 'static {
     async fn create(&self, ident: &TableIdent, db: &str, name: &str, metadata: &TableMetadata, location: &str) -> Result<()>;
     /// Points the table at the new metadata file when it still points at the one the change was planned on.
     async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal>;
+    /// Every Iceberg table (`table_type = ICEBERG`) of every database, and how many calls that took.
+    async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)>;
+}
+
+/// Whether a table's parameters mark it an Iceberg table (case-insensitively, as Iceberg Java writes and reads it).
+pub(crate) fn is_iceberg(parameters: &HashMap<String, String>) -> bool {
+    parameters.get(TABLE_TYPE).is_some_and(|t| t.eq_ignore_ascii_case(ICEBERG))
 }
 
 /// A commit's change of a metastore table's pointer.
@@ -88,6 +95,10 @@ impl<M: Metastore> Backend for MetastoreCatalog<M> {
             Some(r) => Ok(Some(M::location(ident, &r)?)),
             None => Ok(None),
         }
+    }
+
+    async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        self.0.list_iceberg_tables().await
     }
 
     async fn load_table(&self, ident: &TableIdent) -> Result<Table> {

@@ -76,6 +76,15 @@ pub async fn load_source(cfg: &Config) -> Result<(Catalog, Table)> {
     Ok((catalog, table))
 }
 
+/// The tables of the source's catalog its patterns match now (one listing of the catalog), sorted; every table when
+/// the source names one.
+pub async fn matching_tables(cfg: &Config) -> Result<Vec<String>> {
+    let Some(patterns) = cfg.source.patterns() else { return Ok(vec![cfg.source.table.clone()]) };
+    let catalog = Catalog::connect(&cfg.source.catalog, "source").await?;
+    let (names, _) = catalog.list_tables().await?;
+    Ok(patterns.select(&names).into_iter().cloned().collect())
+}
+
 /// Warns when carry-over split a snapshot's partition groups into parts (a copy-on-write rewrite too large for the
 /// budget: matched in passes over spill files, at more CPU per row), saying which `engine.memory_budget` matches them
 /// in one pass. Returns that budget.

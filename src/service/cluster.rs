@@ -12,12 +12,17 @@
 //!     service has stopped those pipelines' loops — each finishes or abandons its in-flight commit — before the
 //!     group hands them to another instance;
 //!   - **assign**: the partitions join the owned set; the service starts their pipelines.
+//!   - **lost** (a revocation because the coordinator could not be reached for the session timeout: a broker outage,
+//!     a network cut): the partitions stay in the owned set — replication does not pause for the coordinator — and
+//!     are *held*: the group's next assignment replaces them (those it gives back stay, the others leave), or, with
+//!     no assignment for `outage_grace`, they leave.
 //! - The service follows the owned set ([`Membership::changed`]) and acknowledges each change once its loops match
 //!   it ([`Membership::applied`]).
 //!
-//! Invariants: an instance runs a pipeline only while it owns its partition, give or take the revoke deadline and a
-//! lost session (an instance cut off from the brokers keeps running until it notices). Correctness never depends on
-//! that: two instances that briefly run one pipeline stay exact through the catalog's commit requirements.
+//! Invariants: an instance runs a pipeline only while it owns its partition, give or take the revoke deadline and,
+//! when it lost contact with the coordinator, `outage_grace` (the others may have been given its pipelines
+//! meanwhile). Correctness never depends on that: two instances that run one pipeline stay exact through the
+//! catalog's commit requirements.
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -68,7 +73,15 @@ impl Membership {
         let (tx, owned) = watch::channel(Owned::default());
         let (acks, acks_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let context = GroupContext { owned: tx, acks: Mutex::new(acks_rx), stop: stop.clone(), revoke_deadline, kafka };
+        let context = GroupContext {
+            owned: tx,
+            acks: Mutex::new(acks_rx),
+            stop: stop.clone(),
+            revoke_deadline,
+            kafka,
+            held: Mutex::new(None),
+            outage_grace: cfg.outage_grace,
+        };
         let mut client = client_config(cfg);
         client
             .set("group.id", &cfg.group)
@@ -96,6 +109,7 @@ impl Membership {
                             warned = Instant::now();
                         }
                     }
+                    consumer.context().release_held_after_grace();
                 }
                 // leaving the group: revocations no longer wait (the service is stopping every loop anyway)
                 consumer.unsubscribe();
@@ -223,6 +237,23 @@ struct GroupContext {
     revoke_deadline: Duration,
     /// Tokens for OAUTHBEARER (`auth = "google"`).
     kafka: KafkaContext,
+    /// Partitions kept running after the coordinator was lost, and since when ([`Held`]).
+    held: Mutex<Option<Held>>,
+    /// How long held partitions stay without a new assignment.
+    outage_grace: Duration,
+}
+
+/// Partitions this instance keeps after it lost contact with the group's coordinator (see the module header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    since: Instant,
+    partitions: BTreeSet<i32>,
+}
+
+/// The owned set once the group assigns `assigned` after partitions were `held`: the held ones the group did not
+/// give back leave, the assigned ones join. Pure.
+fn after_outage(owned: &BTreeSet<i32>, held: &BTreeSet<i32>, assigned: &BTreeSet<i32>) -> BTreeSet<i32> {
+    owned.iter().filter(|p| !held.contains(p) || assigned.contains(p)).chain(assigned).copied().collect()
 }
 
 impl ClientContext for GroupContext {
@@ -234,11 +265,23 @@ impl ClientContext for GroupContext {
 }
 
 impl ConsumerContext for GroupContext {
-    /// A revocation: the partitions leave the owned set, and the group waits until their loops have stopped.
-    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    /// A revocation: the partitions leave the owned set, and the group waits until their loops have stopped. A lost
+    /// assignment (the coordinator was not reached): they are held instead, and keep running.
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(list) = rebalance else { return };
         let revoked = partitions_in(list);
         if revoked.is_empty() {
+            return;
+        }
+        if consumer.assignment_lost() && !self.stop.load(Ordering::SeqCst) {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let h = held.get_or_insert_with(|| Held { since: Instant::now(), partitions: BTreeSet::new() });
+            h.partitions.extend(revoked);
+            tracing::warn!(
+                partitions = h.partitions.len(),
+                grace_seconds = self.outage_grace.as_secs_f64(),
+                "lost contact with the cluster's group coordinator; this instance keeps running its pipelines until the group assigns again or the grace ends"
+            );
             return;
         }
         let change = self.update(|owned| owned.retain(|p| !revoked.contains(p)));
@@ -268,7 +311,10 @@ impl ConsumerContext for GroupContext {
         match rebalance {
             Rebalance::Assign(list) => {
                 let assigned = partitions_in(list);
-                if !assigned.is_empty() {
+                if let Some(held) = self.held.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                    tracing::info!(partitions = ?assigned, held = held.partitions.len(), "the cluster's group answers again; its assignment replaces the pipelines held meanwhile");
+                    self.update(|owned| *owned = after_outage(owned, &held.partitions, &assigned));
+                } else if !assigned.is_empty() {
                     tracing::info!(partitions = ?assigned, "the cluster's group gives partitions to this instance");
                     self.update(|owned| owned.extend(assigned));
                 }
@@ -280,6 +326,20 @@ impl ConsumerContext for GroupContext {
 }
 
 impl GroupContext {
+    /// Held partitions leave the owned set once `outage_grace` passed without a new assignment.
+    fn release_held_after_grace(&self) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.as_ref().is_some_and(|h| h.since.elapsed() >= self.outage_grace) {
+            let h = held.take().expect("checked");
+            tracing::warn!(
+                partitions = h.partitions.len(),
+                grace_seconds = self.outage_grace.as_secs_f64(),
+                "no assignment from the cluster's group within the outage grace; giving its pipelines up"
+            );
+            self.update(|owned| owned.retain(|p| !h.partitions.contains(p)));
+        }
+    }
+
     /// Changes the owned set; returns the change's number.
     fn update(&self, f: impl FnOnce(&mut BTreeSet<i32>)) -> u64 {
         let mut change = 0;
@@ -359,6 +419,15 @@ async fn ensure_topic(cfg: &ClusterConfig, topic: &str, context: KafkaContext) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_an_outage_the_groups_assignment_replaces_what_was_held() {
+        let set = |v: &[i32]| v.iter().copied().collect::<BTreeSet<i32>>();
+        // held 1,2,3 of 1..=4 (4 was never lost); the group gives back 2 and adds 7
+        assert_eq!(after_outage(&set(&[1, 2, 3, 4]), &set(&[1, 2, 3]), &set(&[2, 7])), set(&[2, 4, 7]));
+        // nothing given back: every held partition leaves
+        assert_eq!(after_outage(&set(&[1, 2]), &set(&[1, 2]), &set(&[])), set(&[]));
+    }
 
     #[test]
     fn the_groups_clients_take_auth_defaults_then_the_users_properties() {

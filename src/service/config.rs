@@ -55,6 +55,12 @@ pub struct ClusterConfig {
     /// brokers accept 6 s to 30 min by default).
     #[serde(default = "default_session_timeout", with = "humantime_serde")]
     pub session_timeout: Duration,
+    /// When this instance loses contact with the group's coordinator (a broker outage, a network cut), it keeps
+    /// running the pipelines it owned until the group answers again — then the group's new assignment decides — or
+    /// for this long at most. Replication never depends on the coordinator: another instance the group gave those
+    /// pipelines to meanwhile runs them too, safely (the catalog keeps them exact), until this bound. Default 5 min.
+    #[serde(default = "default_outage_grace", with = "humantime_serde")]
+    pub outage_grace: Duration,
     /// `google`: SASL OAUTHBEARER with Google access tokens (Google Cloud Managed Service for Apache Kafka), as the
     /// Kafka sink's `auth`.
     pub auth: Option<String>,
@@ -74,6 +80,9 @@ impl ClusterConfig {
 
 fn default_cluster_partitions() -> i32 {
     64
+}
+fn default_outage_grace() -> Duration {
+    Duration::from_secs(300)
 }
 fn default_session_timeout() -> Duration {
     Duration::from_secs(10)
@@ -226,11 +235,30 @@ pub struct PipelineSource {
     /// Patterns of tables `tables` leaves out.
     #[serde(default)]
     pub exclude: Vec<String>,
+    /// What happens when a table the patterns matched is gone (dropped, renamed, no longer matched); see [`OnDrop`].
+    #[serde(default)]
+    pub on_drop: OnDrop,
     pub key_columns: Option<Vec<String>>,
     /// See [`crate::config::OnHistoryRewrite`].
     #[serde(default)]
     pub on_history_rewrite: crate::config::OnHistoryRewrite,
 }
+
+/// What a pipeline of table patterns does when one of its tables is gone from the catalog.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrop {
+    /// Its loop stops; each Iceberg destination stays, marked with the table property [`GONE_PROPERTY`] (removed
+    /// again if the table comes back).
+    #[default]
+    Keep,
+    /// Its loop stays and reports the table as missing (failing on `/readyz` and in `cdc status`) until a reload.
+    Stop,
+}
+
+/// Table property set on the Iceberg destination of a table that is gone from its source catalog (`on_drop =
+/// "keep"`): since when, and the source table's name.
+pub const GONE_PROPERTY: &str = "cdc.source-gone";
 
 /// What discovery found: per pipeline of table patterns, the names (`namespace.table`) of the tables it stands for.
 pub type Discovered = BTreeMap<String, Vec<String>>;
@@ -379,6 +407,8 @@ impl ServiceConfig {
     fn source_of(&self, pl: &PipelineConfig, table: &str) -> Option<SourceConfig> {
         Some(SourceConfig {
             table: table.to_string(),
+            tables: Vec::new(),
+            exclude: Vec::new(),
             key_columns: pl.source.key_columns.clone(),
             catalog: self.catalogs.get(&pl.source.catalog)?.clone(),
             on_history_rewrite: pl.source.on_history_rewrite,

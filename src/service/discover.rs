@@ -2,17 +2,83 @@
 //!
 //! Each catalog a pattern names is listed once per discovery, whatever the number of pipelines on it
 //! ([`crate::catalog::Catalog::list_tables`]: one query for sqlite, a directory walk for hadoop, paginated list
-//! calls per namespace for REST); every pipeline of patterns on it then selects its tables from that one listing
-//! (pure: [`select`]). A catalog that cannot be listed leaves its pipelines with the tables found before — an outage
-//! of the catalog stops no pipeline that is running — and is reported. Tables that appear start their pipelines at
-//! the next reload of the running set; tables that are gone (dropped, renamed, excluded) stop theirs, and their
-//! destinations stay as they are.
-use std::collections::BTreeMap;
+//! calls for REST and Glue, three calls a database for a Hive Metastore); every pipeline of patterns on it then
+//! selects its tables from that one listing (pure: [`select`]). A catalog that cannot be listed leaves its pipelines
+//! with the tables found before — an outage of the catalog stops no pipeline that is running — and is reported.
+//!
+//! Discovery runs in its own task ([`Discoverer`]): every `discover_interval`, and at once when the configuration is
+//! reloaded; the service applies what it finds like a reload (new tables start their loops, gone ones stop theirs),
+//! so a slow listing delays no loop and no signal. A gone table's destination follows the pipeline's
+//! [`OnDrop`]: kept and marked ([`mark`]), or its loop kept to report the missing table.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::config::{Discovered, ServiceConfig};
+use iceberg::{TableRequirement, TableUpdate};
+use tokio::sync::watch;
+
+use super::config::{Discovered, OnDrop, ServiceConfig, GONE_PROPERTY};
 use super::telemetry::Telemetry;
 use crate::catalog::Catalog;
+use crate::config::SinkConfig;
+
+/// The discovery task: lists the catalogs on an interval and when told the configuration changed.
+pub(crate) struct Discoverer {
+    found: watch::Receiver<Discovered>,
+    cfg: watch::Sender<ServiceConfig>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Discoverer {
+    /// Starts discovering for `cfg`, from `first` (what a discovery before the start found).
+    pub(crate) fn start(cfg: ServiceConfig, first: Discovered, telemetry: Arc<Telemetry>) -> Discoverer {
+        let (found_tx, found) = watch::channel(first.clone());
+        let (cfg_tx, mut cfg_rx) = watch::channel(cfg);
+        let task = tokio::spawn(async move {
+            let mut last = first;
+            loop {
+                let interval = cfg_rx.borrow().service.discover_interval;
+                let reconfigured = tokio::select! {
+                    _ = tokio::time::sleep(interval) => false,
+                    changed = cfg_rx.changed() => match changed {
+                        Ok(()) => true,
+                        Err(_) => return, // the service is gone
+                    },
+                };
+                let cfg = cfg_rx.borrow_and_update().clone();
+                // a reload starts from the listing alone: tables a `stop` pipeline kept for their missing table leave
+                let before = if reconfigured { Discovered::new() } else { last.clone() };
+                let now = if cfg.has_patterns() { discover(&cfg, &before, &telemetry).await } else { Discovered::new() };
+                if now != last {
+                    last = now.clone();
+                    if found_tx.send(now).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Discoverer { found, cfg: cfg_tx, task }
+    }
+
+    /// The configuration was reloaded: discover for `cfg` now.
+    pub(crate) fn reconfigure(&self, cfg: ServiceConfig) {
+        let _ = self.cfg.send(cfg);
+    }
+
+    /// What discovery found, once it differs from the last seen.
+    pub(crate) async fn changed(&mut self) -> Discovered {
+        if self.found.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        self.found.borrow_and_update().clone()
+    }
+}
+
+impl Drop for Discoverer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 /// What `cfg`'s pipelines of patterns stand for now: each catalog listed once; a catalog that fails keeps its
 /// pipelines' entries of `before`. Events (tables added and gone, calls, failures) go to `telemetry`.
@@ -43,18 +109,78 @@ pub(crate) async fn discover(cfg: &ServiceConfig, before: &Discovered, telemetry
 }
 
 /// Each pipeline of patterns with the tables of its catalog's listing that match (sorted); a catalog without a
-/// listing (`None`: it failed) keeps the pipeline's entry of `before`. Pure.
+/// listing (`None`: it failed) keeps the pipeline's entry of `before`, and so does a pipeline with `on_drop = "stop"`
+/// for its tables that are gone (their loops stay, reporting the missing table). Pure.
 pub(crate) fn select(cfg: &ServiceConfig, listings: &BTreeMap<&str, Option<Vec<String>>>, before: &Discovered) -> Discovered {
     let mut out = Discovered::new();
     for pl in &cfg.pipelines {
         let Some(patterns) = pl.source.patterns() else { continue };
+        let old = before.get(&pl.name).cloned().unwrap_or_default();
         let tables = match listings.get(pl.source.catalog.as_str()) {
-            Some(Some(names)) => patterns.select(names).into_iter().cloned().collect(),
-            _ => before.get(&pl.name).cloned().unwrap_or_default(),
+            Some(Some(names)) => {
+                let mut now: Vec<String> = patterns.select(names).into_iter().cloned().collect();
+                if pl.source.on_drop == OnDrop::Stop {
+                    now.extend(old.into_iter().filter(|t| !names.contains(t)));
+                    now.sort();
+                }
+                now
+            }
+            _ => old,
         };
         out.insert(pl.name.clone(), tables);
     }
     out
+}
+
+/// The tables each pipeline gained (`true`) and lost (`false`) from `before` to `after`.
+pub(crate) fn changes(before: &Discovered, after: &Discovered) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    for pipeline in before.keys().chain(after.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let (b, a) = (before.get(pipeline).cloned().unwrap_or_default(), after.get(pipeline).cloned().unwrap_or_default());
+        out.extend(a.iter().filter(|t| !b.contains(t)).map(|t| (pipeline.clone(), t.clone(), true)));
+        out.extend(b.iter().filter(|t| !a.contains(t)).map(|t| (pipeline.clone(), t.clone(), false)));
+    }
+    out
+}
+
+/// After the loops followed a discovery: the Iceberg destinations of tables that are gone (`on_drop = "keep"`) get
+/// [`GONE_PROPERTY`]; those of tables that came (back) lose it where they had it. Best effort: a destination that
+/// cannot be marked is logged, never retried (the next event marks it).
+pub(crate) async fn mark(cfg: ServiceConfig, changes: Vec<(String, String, bool)>) {
+    for (pipeline, table, added) in changes {
+        let Some(pl) = cfg.pipelines.iter().find(|p| p.name == pipeline && p.source.on_drop == OnDrop::Keep) else { continue };
+        for sink in &pl.sinks {
+            let SinkConfig::Iceberg(t) = sink.for_table(&table) else { continue };
+            let Some(c) = cfg.catalogs.get(&t.catalog) else { continue };
+            if let Err(e) = mark_one(c, &t.catalog, &t.table, &table, added).await {
+                tracing::warn!(pipeline = %pipeline, table = %table, destination = %t.table, error = %e, "could not mark the destination of a table that came or went");
+            }
+        }
+    }
+}
+
+/// Sets (the source `table` is gone) or removes (`came`) [`GONE_PROPERTY`] on destination `dest`.
+async fn mark_one(c: &crate::config::CatalogConfig, label: &str, dest: &str, table: &str, came: bool) -> crate::error::Result<()> {
+    let catalog = Catalog::shared(c, label).await?;
+    let t = match catalog.load_table(dest).await {
+        Ok(t) => t,
+        Err(crate::error::Error::TableNotFound { .. }) => return Ok(()), // never created: nothing to mark
+        Err(e) => return Err(e),
+    };
+    let marked = t.metadata().properties().contains_key(GONE_PROPERTY);
+    let update = match (came, marked) {
+        (true, true) => TableUpdate::RemoveProperties { removals: vec![GONE_PROPERTY.to_string()] },
+        (false, false) => {
+            let since = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let value = format!("{since} {table}: the source table is gone (dropped, renamed or no longer matched); this replica is no longer updated");
+            TableUpdate::SetProperties { updates: HashMap::from([(GONE_PROPERTY.to_string(), value)]) }
+        }
+        _ => return Ok(()),
+    };
+    let uuid = t.metadata().uuid();
+    catalog.commit(&t, vec![TableRequirement::UuidMatch { uuid }], vec![update]).await?;
+    tracing::info!(destination = %dest, table = %table, gone = !came, "destination marked");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -121,6 +247,34 @@ table = "copy.{table}"
         );
         assert_eq!(runs[0].config.source.table, "sales.orders");
         assert!(cfg.has_patterns());
+    }
+
+    #[test]
+    fn a_stop_pipeline_keeps_its_gone_tables_and_changes_name_what_came_and_went() {
+        let text = r#"
+[catalogs.lake]
+type = "hadoop"
+warehouse = "/tmp/lake"
+[[pipelines]]
+name = "s"
+source = { catalog = "lake", tables = ["a.*"], on_drop = "stop" }
+[[pipelines.sinks]]
+type = "iceberg"
+catalog = "lake"
+table = "r.{table}"
+"#;
+        let cfg = ServiceConfig::parse(text).unwrap();
+        let before = Discovered::from([("s".to_string(), vec!["a.gone".to_string(), "a.kept".into()])]);
+        let listing = vec!["a.kept".to_string(), "a.new".into()];
+        let found = select(&cfg, &BTreeMap::from([("lake", Some(listing))]), &before);
+        assert_eq!(found["s"], vec!["a.gone", "a.kept", "a.new"], "the gone table's loop stays to report it missing");
+        let keep = ServiceConfig::parse(&text.replace(", on_drop = \"stop\"", "")).unwrap();
+        let found = select(&keep, &BTreeMap::from([("lake", Some(vec!["a.kept".to_string(), "a.new".into()]))]), &before);
+        assert_eq!(found["s"], vec!["a.kept", "a.new"]);
+        assert_eq!(
+            changes(&before, &found),
+            vec![("s".to_string(), "a.new".to_string(), true), ("s".to_string(), "a.gone".to_string(), false)]
+        );
     }
 
     #[test]

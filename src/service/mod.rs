@@ -134,8 +134,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(5)).min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut discovery = tokio::time::interval_at(tokio::time::Instant::now() + settings.discover_interval, settings.discover_interval);
-    discovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut discoverer = discover::Discoverer::start(cfg.clone(), found.clone(), telemetry.clone());
     let mut hup = signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -171,12 +170,12 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                     }
                 }
             }
-            _ = discovery.tick(), if current.has_patterns() => {
-                let now = discover::discover(&current, &found, &telemetry).await;
-                if now != found {
-                    found = now;
-                    reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
-                }
+            now = discoverer.changed() => {
+                let changes = discover::changes(&found, &now);
+                found = now;
+                reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
+                // the gone tables' loops have stopped: mark their destinations (off this loop)
+                tokio::spawn(discover::mark(current.clone(), changes));
             }
             _ = hup.recv() => {
                 match ServiceConfig::load(path) {
@@ -192,9 +191,8 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                             Ownership::Cluster(_) => {}
                         }
                         current = new;
-                        if current.has_patterns() {
-                            found = discover::discover(&current, &found, &telemetry).await;
-                        }
+                        // the pipelines as the file says now, with the tables found so far; discovery follows
+                        discoverer.reconfigure(current.clone());
                         reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
                         telemetry.reloaded(None);
                     }

@@ -14,7 +14,7 @@ import time
 import urllib.request
 import uuid
 
-from conftest import CDC, free_port, wait_until
+from conftest import CDC, KAFKA_SCRIPT, free_port, wait_until
 from spark_workloads import CAT
 
 SOURCES = ["cl_a", "cl_b", "cl_c"]
@@ -176,3 +176,84 @@ def test_services_share_pipelines_through_a_kafka_group(spark, warehouse, kafka,
             logs[name].close()
     for name in "acd":
         assert procs[name][0].returncode == 0, tails()
+
+
+def test_a_broker_outage_stops_no_pipeline(spark, warehouse, tmp_path):
+    """Issue 53: the group's only broker stopped for 60 s while Spark commits to the sources. Both instances keep
+    running the pipelines they own (lost contact with the coordinator is not a revocation), and every target keeps
+    following its source, read by Spark, within a few polls of each commit; once the broker is back the group
+    assigns again and every pipeline has exactly one owner."""
+    sources = ["co_a", "co_b"]
+    for s in sources:
+        t = f"{CAT}.db.{s}"
+        spark.sql(f"DROP TABLE IF EXISTS {t}")
+        spark.sql(f"CREATE TABLE {t} (id BIGINT NOT NULL, v STRING) USING iceberg "
+                  "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
+        spark.sql(f"ALTER TABLE {t} SET IDENTIFIER FIELDS id")
+        spark.sql(f"INSERT INTO {t} VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(10)))
+    broker = tmp_path / "kafka"
+    up = subprocess.run(["bash", KAFKA_SCRIPT, "start", str(broker)], capture_output=True, text=True)
+    assert up.returncode == 0, up.stderr
+    kafka = {"bootstrap": up.stdout.strip()}
+    port_of_broker = kafka["bootstrap"].rsplit(":", 1)[1]
+    replica = tmp_path / "replica"
+    cfg = tmp_path / "service.toml"
+    pipelines = [f"o{i}" for i in range(6)]
+    service_file(cfg, warehouse, replica, kafka, f"cdc-{uuid.uuid4().hex[:8]}", pipelines)
+    cfg.write_text(cfg.read_text().replace("db.cl_a", "db.co_a").replace("db.cl_b", "db.co_b").replace("db.cl_c", "db.co_a"))
+    source_of = {name: ["co_a", "co_b", "co_a"][i % 3] for i, name in enumerate(pipelines)}
+    procs, logs = {}, {}
+    for name in "ab":
+        port = free_port()
+        logs[name] = open(tmp_path / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen([CDC, "run", "--config", str(cfg), "--metrics-address", f"127.0.0.1:{port}"],
+                                        stdout=subprocess.DEVNULL, stderr=logs[name]), port)
+
+    def tails():
+        return "\n".join(f"--- {n}\n" + (tmp_path / f"{n}.log").read_text()[-3000:] for n in procs)
+
+    def rows(df):
+        return sorted(tuple(r) for r in df.collect())
+
+    def all_follow():
+        want = {s: rows(spark.table(f"{CAT}.db.{s}")) for s in sources}
+        return all(rows(spark.read.format("iceberg").load(str(replica / "svc" / n))) == want[source_of[n]] for n in pipelines)
+
+    ports = [procs[n][1] for n in "ab"]
+    try:
+        assert wait_until(lambda: split(ports, pipelines), 90), tails()
+        before = split(ports, pipelines)
+        assert wait_until(all_follow, 90), tails()
+        subprocess.run(["bash", KAFKA_SCRIPT, "stop", str(broker)], check=True)
+        stopped = time.time()
+        r = 0
+        while time.time() - stopped < 60:
+            r += 1
+            for s in sources:
+                spark.sql(f"INSERT INTO {CAT}.db.{s} VALUES ({100 + r}, 'outage-{r}')")
+                spark.sql(f"UPDATE {CAT}.db.{s} SET v = 'during-{r}' WHERE id = {r % 10}")
+            t0 = time.time()
+            assert wait_until(all_follow, 30), f"round {r}, {time.time() - stopped:.0f}s into the outage\n{tails()}"
+            print(f"outage round {r}: followed in {time.time() - t0:.1f}s")
+            # the same instances still run the same pipelines
+            assert split(ports, pipelines) == before, (split(ports, pipelines), before, tails())
+        assert r >= 3
+        assert all("lost contact with the cluster's group coordinator" in (tmp_path / f"{n}.log").read_text() for n in "ab"), tails()
+        back = subprocess.run(["bash", KAFKA_SCRIPT, "start", str(broker), port_of_broker], capture_output=True, text=True)
+        assert back.returncode == 0, back.stderr
+        assert wait_until(lambda: "the cluster's group answers again" in (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text(), 90), tails()
+        assert wait_until(lambda: split(ports, pipelines), 90), tails()
+        spark.sql(f"INSERT INTO {CAT}.db.co_a VALUES (999, 'after')")
+        assert wait_until(all_follow, 60), tails()
+    finally:
+        for name, (p, _) in procs.items():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, (p, _) in procs.items():
+            try:
+                p.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            logs[name].close()
+        subprocess.run(["bash", KAFKA_SCRIPT, "stop", str(broker)])
+    assert all(procs[n][0].returncode == 0 for n in "ab"), tails()

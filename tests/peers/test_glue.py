@@ -107,3 +107,20 @@ def test_credentials_from_the_environment_and_clear_errors(spark, glue, tmp_path
     missing = config(tmp_path / "missing.toml", glue, f"{NS}.no_such_table")
     p = run_cdc("changes", "--config", missing, check=False)
     assert p.returncode == 4 and "no_such_table" in p.stderr, p.stderr
+
+
+def test_a_sync_of_patterns_lists_glue_and_copies_each_match(spark, glue, tmp_path):
+    """Issue 53: `cdc sync` with `tables` patterns on a Glue source lists the catalog (GetDatabases, GetTables with
+    NextToken) and copies every matching Iceberg table from S3 into a local replica; Spark reads each copy equal to
+    its source."""
+    replica = tmp_path / "dr"
+    cfg = tmp_path / "lake.toml"
+    cfg.write_text(f'[source]\ntables = ["{NS}.*"]\n[source.catalog]\n{catalog(glue)}\n'
+                   f'[target]\ntable = "dr_{{namespace}}.{{table}}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{replica}"\n')
+    p = run_cdc("sync", "--config", str(cfg), check=False)
+    assert p.returncode == 0, p.stderr
+    names = sorted(GLUE_TABLES)
+    assert f"{len(names)} table(s) match: " + ", ".join(f"{NS}.{n}" for n in names) in p.stderr, p.stderr
+    for name in names:
+        got = sorted(tuple(r) for r in spark.read.format("iceberg").load(str(replica / f"dr_{NS}" / name)).collect())
+        assert got == sorted(tuple(r) for r in spark.table(f"{GLUE}.{NS}.{name}").collect()), name

@@ -228,3 +228,27 @@ def test_a_dead_writers_lock_ends_the_commit_within_lock_timeout_naming_its_hold
     subprocess.run([sys.executable, "-c", UNLOCK, host, port, lock_id], check=True)
     run_cdc("sync", "--config", cfg)
     assert_replica(spark, src, tgt, source_cols(spark, src))
+
+
+def test_a_sync_of_patterns_lists_the_metastore_and_copies_each_match(spark, hive_tables, hive_metastore, tmp_path):
+    """Issue 53: `cdc sync` with `tables` patterns on a Hive source lists the Metastore (get_all_databases,
+    get_all_tables, get_table_objects_by_name_req) and copies every matching Iceberg table; Spark reads each copy equal
+    to its source; `cdc check` of a service pipeline on the same patterns lists the same tables."""
+    replica = tmp_path / "dr"
+    cfg = tmp_path / "lake.toml"
+    cfg.write_text(f'[source]\ntables = ["{NS}.mor_*"]\n[source.catalog]\ntype = "hive"\nuri = "{hive_metastore}"\n\n'
+                   f'[target]\ntable = "dr_{{namespace}}.{{table}}"\n[target.catalog]\ntype = "hadoop"\nwarehouse = "{replica}"\n')
+    p = run_cdc("sync", "--config", str(cfg), check=False)
+    assert p.returncode == 0, p.stderr
+    assert f"2 table(s) match: {NS}.mor_v2, {NS}.mor_v3" in p.stderr, p.stderr
+    for name in ["mor_v2", "mor_v3"]:
+        got = sorted(tuple(r) for r in spark.read.format("iceberg").load(str(replica / f"dr_{NS}" / name)).collect())
+        assert got == sorted(tuple(r) for r in spark.table(f"hive_cat.{NS}.{name}").collect()), name
+    assert not (replica / f"dr_{NS}" / "part_orc_v2").exists()
+    svc = tmp_path / "svc.toml"
+    svc.write_text(f'[catalogs.hms]\ntype = "hive"\nuri = "{hive_metastore}"\n[catalogs.dr]\ntype = "hadoop"\nwarehouse = "{replica}"\n\n'
+                   f'[[pipelines]]\nname = "hive"\nsource = {{ catalog = "hms", tables = ["{NS}.*"], exclude = ["{NS}.part_*"] }}\n'
+                   f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "dr"\ntable = "dr_{{namespace}}.{{table}}"\n')
+    checked = run_cdc("check", "--config", str(svc), check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"match hive: 2 tables: {NS}.mor_v2, {NS}.mor_v3" in checked.stdout, checked.stdout

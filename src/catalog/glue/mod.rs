@@ -224,6 +224,25 @@ impl GlueCatalog {
             .unwrap_or_default()
     }
 
+    /// Every item of `key` in the pages of `op` (each call with `body` and the last page's `NextToken`), and how many
+    /// calls that took.
+    async fn pages(&self, op: &str, body: Value, key: &str) -> Result<(Vec<Value>, usize)> {
+        let (mut out, mut calls, mut token) = (Vec::new(), 0, None::<String>);
+        loop {
+            let mut req = body.clone();
+            if let (Some(t), Some(obj)) = (&token, req.as_object_mut()) {
+                obj.insert("NextToken".into(), Value::String(t.clone()));
+            }
+            calls += 1;
+            let page = self.call(op, req, true).await.map_err(|e| self.error(op, e))?;
+            out.extend(page.get(key).and_then(Value::as_array).cloned().unwrap_or_default());
+            match page.get("NextToken").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                Some(t) => token = Some(t.to_string()),
+                None => return Ok((out, calls)),
+            }
+        }
+    }
+
     /// Where a new table of `db` goes: the database's location, or `<warehouse>/<db>.db`; creates a missing database.
     async fn database_location_of(&self, db: &str) -> Result<String> {
         let fallback = self.warehouse.as_deref().map(|w| format!("{}/{db}.db", w.trim_end_matches('/')));
@@ -342,6 +361,24 @@ impl Metastore for GlueCatalog {
 
     async fn record(&self, db: &str, name: &str) -> Result<Option<Map<String, Value>>> {
         self.glue_table(db, name).await
+    }
+
+    /// `GetDatabases`, then `GetTables` per database, each followed through its `NextToken`s (only Iceberg tables are
+    /// listed).
+    async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        let (dbs, mut calls) = self.pages("GetDatabases", json!({}), "DatabaseList").await?;
+        let mut out = Vec::new();
+        for db in dbs.iter().filter_map(|d| d.get("Name").and_then(Value::as_str)) {
+            let (tables, n) = self.pages("GetTables", json!({"DatabaseName": db}), "TableList").await?;
+            calls += n;
+            for t in tables.iter().filter_map(Value::as_object) {
+                let params: HashMap<String, String> = Self::parameters(t).into_iter().collect();
+                if let (Some(name), true) = (t.get("Name").and_then(Value::as_str), metastore::is_iceberg(&params)) {
+                    out.push(TableIdent::from_strs([db, name])?);
+                }
+            }
+        }
+        Ok((out, calls))
     }
 
     fn location(ident: &TableIdent, t: &Map<String, Value>) -> Result<String> {

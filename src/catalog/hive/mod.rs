@@ -169,6 +169,16 @@ impl HiveCatalog {
         }
     }
 
+    /// The strings of a `list<string>` answer of `method`.
+    async fn string_list(&self, method: &'static str, args: Vec<Value>) -> Result<Vec<String>> {
+        match self.call(method, args, Idempotent::Yes).await {
+            Ok(Some(Value::List { items, .. })) => Ok(items.iter().filter_map(Value::as_str).collect()),
+            Ok(None) => Ok(Vec::new()),
+            Ok(_) => Err(Error::catalog("hive", format!("{method}: unexpected answer"), false)),
+            Err(e) => Err(self.error(method, e)),
+        }
+    }
+
     fn parameters(t: &Struct) -> HashMap<String, String> {
         t.get(table::PARAMETERS).map(Value::as_string_map).unwrap_or_default().into_iter().collect()
     }
@@ -492,6 +502,36 @@ impl Metastore for HiveCatalog {
     }
 
     /// Under the Metastore's EXCLUSIVE table lock (see the module header for the protocol).
+    /// `get_all_databases`, then per database `get_all_tables` and one `get_table_objects_by_name_req` for their
+    /// parameters (only Iceberg tables are listed).
+    async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
+        let (mut out, mut calls) = (Vec::new(), 1);
+        for db in self.string_list("get_all_databases", vec![]).await? {
+            calls += 1;
+            let names = self.string_list("get_all_tables", vec![Value::str(db.clone())]).await?;
+            if names.is_empty() {
+                continue;
+            }
+            calls += 1;
+            let req = Struct::of([(1, Value::str(db.clone())), (2, Value::List { elem: 11, items: names.into_iter().map(Value::str).collect() })]);
+            let tables = match self.call("get_table_objects_by_name_req", vec![Value::Struct(req)], Idempotent::Yes).await {
+                Ok(Some(Value::Struct(result))) => match result.get(1) {
+                    Some(Value::List { items, .. }) => items.clone(),
+                    _ => Vec::new(),
+                },
+                Ok(_) => Vec::new(),
+                Err(e) => return Err(self.error(&format!("cannot list the tables of database {db}"), e)),
+            };
+            for t in tables {
+                let Value::Struct(t) = t else { continue };
+                if let (Some(name), true) = (t.string(table::NAME), metastore::is_iceberg(&Self::parameters(&t))) {
+                    out.push(TableIdent::from_strs([db.as_str(), name.as_str()])?);
+                }
+            }
+        }
+        Ok((out, calls))
+    }
+
     async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal> {
         let (db, name) = (change.db, change.name);
         let lock = self.lock(db, name).await.map_err(Refusal::Refused)?;
