@@ -19,6 +19,11 @@
 //!   `--baseline`): `--commits` small commits at `--rate` per second replayed by moving the catalog's pointer over
 //!   a source of N snapshots with one unmerged manifest each; CPU per target commit and latency.
 //!
+//! - Discovery (`--discover TABLES,NAMESPACES`): a sqlite catalog and a hadoop warehouse of TABLES empty tables in
+//!   NAMESPACES namespaces; per catalog the time and catalog calls of one listing (median of 5), then `cdc run` with
+//!   one pattern pipeline (`**`) over all of them (poll `--idle-poll`): seconds until every table's loop runs, then
+//!   CPU and RSS over `--idle-seconds`, as the idle bench reports them for hand-listed pipelines.
+//!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
 //! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
 use std::path::Path;
@@ -305,6 +310,11 @@ async fn main() {
         history_bench(dir, &histories, rate, commits, &builds_of(baseline.as_deref())).await;
     }
 
+    if let Some(d) = text_arg("--discover") {
+        let (tables, namespaces) = d.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--discover TABLES,NAMESPACES");
+        discover_bench(dir, tables, namespaces, idle_poll, idle_seconds).await;
+    }
+
     if let Some(mixed) = text_arg("--mixed") {
         let (idle_n, busy_n) = mixed.split_once(',').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).expect("--mixed IDLE,BUSY");
         let seconds = arg("--mixed-seconds", 60);
@@ -312,6 +322,75 @@ async fn main() {
         let busy_apart = arg("--busy-apart", 0) == 1;
         mixed_bench(dir, &wh, &table, (idle_n, busy_n, busy_apart), idle_poll, seconds, scrape_every).await;
     }
+}
+
+/// Discovery of `tables` tables in `namespaces` namespaces (see the module docs).
+async fn discover_bench(dir: &Path, tables: usize, namespaces: usize, idle_poll: u64, idle_seconds: u64) {
+    println!("### Discovery: {tables} tables in {namespaces} namespaces, one pattern pipeline (`**`), poll {idle_poll} s\n");
+    println!("| catalog | list ms (median of 5) | catalog calls | all loops running after s | CPU % of one core | RSS MB | threads |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for kind in ["sql", "hadoop"] {
+        let wh = dir.join(format!("discover-{kind}"));
+        std::fs::create_dir_all(&wh).unwrap();
+        let section = format!("type = \"{kind}\"\nwarehouse = \"{}\"\n", wh.display());
+        let cfg = Config::parse(&format!("[source]\ntable = \"a.b\"\n[source.catalog]\n{section}")).unwrap();
+        let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+        let t0 = Instant::now();
+        for i in 0..tables {
+            let creation = iceberg::TableCreation::builder().name(format!("t{i}")).schema(quickstart::demo_schema().unwrap()).build();
+            catalog.create_table(&format!("ns{}.t{i}", i % namespaces), creation).await.unwrap();
+        }
+        eprintln!("bench: {tables} {kind} tables created in {:.1}s", t0.elapsed().as_secs_f64());
+        let mut times = Vec::new();
+        let mut calls = 0;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let (names, c) = catalog.list_tables().await.unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(names.len(), tables);
+            calls = c;
+        }
+        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let svc = dir.join(format!("discover-{kind}.toml"));
+        std::fs::write(
+            &svc,
+            format!(
+                "[service]\npoll_interval = \"{idle_poll}s\"\nmetrics_address = \"127.0.0.1:{port}\"\n\n[catalogs.lake]\n{section}\n\
+                 [catalogs.replica]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n\n[[pipelines]]\nname = \"lake\"\n\
+                 source = {{ catalog = \"lake\", tables = [\"**\"] }}\n[[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"replica\"\n\
+                 table = \"r_{{namespace}}.{{table}}\"\ncompact_idle_after = \"0s\"\n",
+                dir.join(format!("discover-{kind}-replica")).display()
+            ),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let child = spawn(CDC, &svc);
+        let running = || {
+            let body = std::process::Command::new("curl").args(["-s", &format!("http://127.0.0.1:{port}/metrics")]).output().map(|o| o.stdout).unwrap_or_default();
+            String::from_utf8_lossy(&body)
+                .lines()
+                .find(|l| l.starts_with("cdc_pipelines_running "))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        while running() < tables as f64 {
+            assert!(started.elapsed() < Duration::from_secs(600), "the discovered loops did not all start");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let up = started.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(2 * idle_poll)).await;
+        let pid = child.id();
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let (c0, w0) = (cpu_ticks(pid), Instant::now());
+        tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+        let (c1, w1) = (cpu_ticks(pid), Instant::now());
+        let (rss, threads) = (status_kb(pid, "VmRSS:") as f64 / 1024.0, status_kb(pid, "Threads:"));
+        stop(child);
+        let cpu = (c1 - c0) as f64 / hz / (w1 - w0).as_secs_f64() * 100.0;
+        println!("| {kind} | {:.1} | {calls} | {up:.1} | {cpu:.2} | {rss:.1} | {threads} |", times[2]);
+    }
+    println!();
 }
 
 /// This build, then `--baseline`'s when given: (label, binary).

@@ -69,7 +69,7 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
     let list = manifest_list(table, snapshot).await?;
     let mut out = SnapshotFiles { manifests_read: list.len(), ..Default::default() };
     for (mf, manifest) in load(table, list, concurrency).await? {
-        add_entries(&mut out, table, &mf, &manifest, snapshot.snapshot_id())?;
+        add_entries(&mut out, table, &mf, &manifest, snapshot.snapshot_id(), None)?;
     }
     Ok(out)
 }
@@ -92,7 +92,7 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     let (own, older): (Vec<_>, Vec<_>) = manifest_list(table, snapshot).await?.into_iter().partition(|mf| mf.added_snapshot_id == sid);
     let mut out = SnapshotFiles { manifests_read: own.len(), ..Default::default() };
     for (mf, manifest) in load(table, own, concurrency).await? {
-        add_entries(&mut out, table, &mf, &manifest, sid)?;
+        add_entries(&mut out, table, &mf, &manifest, sid, None)?;
     }
     if !summary_agrees(snapshot, &out) {
         tracing::debug!(snapshot = sid, "the snapshot's own manifests do not hold what its summary counts; reading every manifest");
@@ -103,15 +103,18 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         let meta = table.metadata();
         let wanted: Vec<_> = data.into_iter().filter(|mf| out.changed_deletes.iter().any(|d| may_hold_applicable(meta, mf, d))).collect();
         out.manifests_read += wanted.len();
+        // of these older files, only those a changed delete applies to can change (the others are left out before
+        // anything of them is copied: a global equality delete reaches every manifest, rarely every file)
+        let changed = out.changed_deletes.clone();
         for (mf, manifest) in load(table, wanted, concurrency).await? {
-            add_entries(&mut out, table, &mf, &manifest, sid)?;
+            add_entries(&mut out, table, &mf, &manifest, sid, Some(&changed))?;
         }
     }
     let Some(lowest) = out.data_before.values().chain(out.data_after.values()).map(|f| f.seq).min() else { return Ok(out) };
     let wanted: Vec<_> = deletes.into_iter().filter(|mf| mf.sequence_number >= lowest).collect();
     out.manifests_read += wanted.len();
     for (mf, manifest) in load(table, wanted, concurrency).await? {
-        add_entries(&mut out, table, &mf, &manifest, sid)?;
+        add_entries(&mut out, table, &mf, &manifest, sid, None)?;
     }
     Ok(out)
 }
@@ -219,7 +222,9 @@ fn cached() -> &'static moka::future::Cache<String, Arc<Manifest>> {
 }
 
 /// Adds the entries of one manifest of snapshot `sid` to `out`: whether each file is live before and after `sid`.
-fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manifest: &Manifest, sid: i64) -> Result<()> {
+/// Adds the entries of `manifest` (listed as `mf`) to `out`, as of snapshot `sid`. With `changed_by`, data files none
+/// of those deletes applies to are left out (their live rows cannot change).
+fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manifest: &Manifest, sid: i64, changed_by: Option<&[Arc<FileEntry>]>) -> Result<()> {
     let meta = table.metadata();
     let spec_id = mf.partition_spec_id;
     let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
@@ -228,9 +233,12 @@ fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manife
         let seq = entry
             .sequence_number()
             .ok_or_else(|| Error::data(entry.file_path(), "manifest entry has no sequence number (v1 tables are not supported)"))?;
+        let is_data = entry.content_type() == DataContentType::Data;
+        if is_data && changed_by.is_some_and(|ds| !ds.iter().any(|d| applies(d, entry.data_file(), seq, spec_id))) {
+            continue;
+        }
         check_format(entry.data_file())?;
         let fe = Arc::new(FileEntry { file: entry.data_file().clone(), seq, spec_id, unpartitioned, first_row_id });
-        let is_data = entry.content_type() == DataContentType::Data;
         let (before, after) = match entry.status() {
             ManifestStatus::Deleted if entry.snapshot_id() == Some(sid) => (true, false),
             ManifestStatus::Deleted => continue, // removed by an earlier snapshot
@@ -313,22 +321,27 @@ fn check_format(f: &DataFile) -> Result<()> {
 
 /// Whether a delete file applies to a data file, by the spec's sequence-number and partition rules.
 pub fn delete_applies(delete: &FileEntry, data: &FileEntry) -> bool {
+    applies(delete, &data.file, data.seq, data.spec_id)
+}
+
+/// [`delete_applies`] to data file `data` of data sequence number `seq` and partition spec `spec_id`.
+fn applies(delete: &FileEntry, data: &DataFile, seq: i64, spec_id: i32) -> bool {
     match delete.file.content_type() {
         DataContentType::PositionDeletes => {
-            if delete.seq < data.seq {
+            if delete.seq < seq {
                 return false;
             }
             match delete.file.referenced_data_file() {
-                Some(r) => r == data.path(),
+                Some(r) => r == data.file_path(),
                 // A v2 position-delete file may hold several data files: same partition, within the bounds of its
                 // `file_path` column, checked by path later.
-                None => delete.spec_id == data.spec_id && delete.partition() == data.partition() && path_within_bounds(&delete.file, data.path()),
+                None => delete.spec_id == spec_id && delete.partition() == data.partition() && path_within_bounds(&delete.file, data.file_path()),
             }
         }
         DataContentType::EqualityDeletes => {
-            delete.seq > data.seq
-                && (delete.unpartitioned || (delete.spec_id == data.spec_id && delete.partition() == data.partition()))
-                && equality_ranges_overlap(&delete.file, &data.file)
+            delete.seq > seq
+                && (delete.unpartitioned || (delete.spec_id == spec_id && delete.partition() == data.partition()))
+                && equality_ranges_overlap(&delete.file, data)
         }
         DataContentType::Data => false,
     }
