@@ -367,7 +367,11 @@ async fn discover_bench(dir: &Path, tables: usize, namespaces: usize, idle_poll:
         let started = Instant::now();
         let child = spawn(CDC, &svc);
         let running = || {
-            let body = std::process::Command::new("curl").args(["-s", &format!("http://127.0.0.1:{port}/metrics")]).output().map(|o| o.stdout).unwrap_or_default();
+            let body = std::process::Command::new("curl")
+                .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+                .output()
+                .map(|o| o.stdout)
+                .unwrap_or_default();
             String::from_utf8_lossy(&body)
                 .lines()
                 .find(|l| l.starts_with("cdc_pipelines_running "))

@@ -492,7 +492,8 @@ pub struct SourceConfig {
 impl SourceConfig {
     /// The source's table patterns (`None`: one named table).
     pub(crate) fn patterns(&self) -> Option<crate::pattern::TablePatterns<'_>> {
-        (!self.tables.is_empty() || !self.exclude.is_empty()).then_some(crate::pattern::TablePatterns { tables: &self.tables, exclude: &self.exclude })
+        (!self.tables.is_empty() || !self.exclude.is_empty())
+            .then_some(crate::pattern::TablePatterns { tables: &self.tables, exclude: &self.exclude })
     }
 
     /// Whether the source is given as table patterns (`tables`) rather than one table.

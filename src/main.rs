@@ -211,9 +211,9 @@ async fn sync_one(cfg: &Config, from: Option<Bound>, to: Option<Bound>, json: bo
     });
     let (mut rows, mut bytes) = (0u64, 0u64);
     // the destinations first: a config without one fails before anything is read
-    let opened = iceberg_cdc::sink::open(&cfg, &format!("sync-{}", cfg.source.table), iceberg_cdc::sink::Lifetime::OneShot).await?;
+    let opened = iceberg_cdc::sink::open(cfg, &format!("sync-{}", cfg.source.table), iceberg_cdc::sink::Lifetime::OneShot).await?;
     let mut sinks = iceberg_cdc::sink::testing::PauseBeforeCommit::from_env(opened);
-    let summary = pipeline::run_sync(&cfg, &mut sinks, from, to, |c| {
+    let summary = pipeline::run_sync(cfg, &mut sinks, from, to, |c| {
         let s = &c.stats;
         if let Some(b) = &bar {
             rows += s.inserts + s.deletes + s.updates;
@@ -397,7 +397,10 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
             }
             // table patterns: every matching table, one after the other; a failed one does not stop the others
             if from.is_some() || to.is_some() {
-                return Err(Error::Config(vec!["--from/--to name snapshots of one table; with source.tables each table syncs from its own progress to its head".into()]).into());
+                return Err(Error::Config(vec![
+                    "--from/--to name snapshots of one table; with source.tables each table syncs from its own progress to its head".into(),
+                ])
+                .into());
             }
             let tables = pipeline::matching_tables(&cfg).await?;
             eprintln!("cdc: {} table(s) match: {}", tables.len(), tables.join(", "));

@@ -2326,7 +2326,10 @@ async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
     // … marked as no longer updated (on_drop = "keep", the default)
     let marked = || async {
         let cat = Catalog::connect(
-            &Config::parse(&format!("[source]\ntable = \"x.y\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display())).unwrap().source.catalog,
+            &Config::parse(&format!("[source]\ntable = \"x.y\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", tw.display()))
+                .unwrap()
+                .source
+                .catalog,
             "t",
         )
         .await
@@ -2354,7 +2357,8 @@ async fn a_sync_of_patterns_copies_each_matching_table_and_a_failed_one_stops_no
     let dir = tempfile::tempdir().unwrap();
     let (catalog, _, wh) = quickstart_table(dir.path()).await;
     for name in ["sales.orders", "sales.items", "sales.tmp_x", "hr.people"] {
-        let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+        let creation =
+            iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
         let t = catalog.create_table(name, creation).await.unwrap();
         quickstart::commit_changes(&catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap();
     }

@@ -172,7 +172,8 @@ async fn mark_one(c: &crate::config::CatalogConfig, label: &str, dest: &str, tab
         (true, true) => TableUpdate::RemoveProperties { removals: vec![GONE_PROPERTY.to_string()] },
         (false, false) => {
             let since = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-            let value = format!("{since} {table}: the source table is gone (dropped, renamed or no longer matched); this replica is no longer updated");
+            let value =
+                format!("{since} {table}: the source table is gone (dropped, renamed or no longer matched); this replica is no longer updated");
             TableUpdate::SetProperties { updates: HashMap::from([(GONE_PROPERTY.to_string(), value)]) }
         }
         _ => return Ok(()),
@@ -271,10 +272,7 @@ table = "r.{table}"
         let keep = ServiceConfig::parse(&text.replace(", on_drop = \"stop\"", "")).unwrap();
         let found = select(&keep, &BTreeMap::from([("lake", Some(vec!["a.kept".to_string(), "a.new".into()]))]), &before);
         assert_eq!(found["s"], vec!["a.kept", "a.new"]);
-        assert_eq!(
-            changes(&before, &found),
-            vec![("s".to_string(), "a.new".to_string(), true), ("s".to_string(), "a.gone".to_string(), false)]
-        );
+        assert_eq!(changes(&before, &found), vec![("s".to_string(), "a.new".to_string(), true), ("s".to_string(), "a.gone".to_string(), false)]);
     }
 
     #[test]

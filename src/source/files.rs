@@ -224,7 +224,14 @@ fn cached() -> &'static moka::future::Cache<String, Arc<Manifest>> {
 /// Adds the entries of one manifest of snapshot `sid` to `out`: whether each file is live before and after `sid`.
 /// Adds the entries of `manifest` (listed as `mf`) to `out`, as of snapshot `sid`. With `changed_by`, data files none
 /// of those deletes applies to are left out (their live rows cannot change).
-fn add_entries(out: &mut SnapshotFiles, table: &Table, mf: &ManifestFile, manifest: &Manifest, sid: i64, changed_by: Option<&[Arc<FileEntry>]>) -> Result<()> {
+fn add_entries(
+    out: &mut SnapshotFiles,
+    table: &Table,
+    mf: &ManifestFile,
+    manifest: &Manifest,
+    sid: i64,
+    changed_by: Option<&[Arc<FileEntry>]>,
+) -> Result<()> {
     let meta = table.metadata();
     let spec_id = mf.partition_spec_id;
     let unpartitioned = meta.partition_spec_by_id(spec_id).map(|s| s.is_unpartitioned()).unwrap_or(true);
