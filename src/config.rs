@@ -929,7 +929,7 @@ mod tests {
     #[test]
     fn known_keys_are_the_fields_the_types_declare() {
         assert_eq!(keys_of::<ConfigFile>(), ["source", "target", "kafka", "sinks", "engine"]);
-        assert_eq!(keys_of::<SourceConfig>(), ["table", "key_columns", "catalog", "on_history_rewrite"]);
+        assert_eq!(keys_of::<SourceConfig>(), ["table", "tables", "exclude", "key_columns", "catalog", "on_history_rewrite"]);
         let target = [
             "table",
             "mode",
