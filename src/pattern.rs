@@ -42,7 +42,7 @@ impl TablePatterns<'_> {
             for pat in list {
                 if pat.trim().is_empty() || pat.starts_with('.') || pat.ends_with('.') || pat.contains("..") {
                     p.push(format!("{at}.{field}: `{pat}` is not a pattern of `namespace.table` names (e.g. \"sales.*\")"));
-                } else if !pat.contains('.') {
+                } else if !pat.contains('.') && !pat.contains("**") {
                     p.push(format!("{at}.{field}: `{pat}` has no namespace part; match `namespace.table`, e.g. \"*.{pat}\" or \"**\""));
                 } else if !seen.insert(pat) {
                     p.push(format!("{at}.{field}: `{pat}` is listed twice"));
@@ -100,7 +100,7 @@ mod tests {
         let names: Vec<String> = ["sales.orders", "sales.tmp_x", "ops.events_a", "ops.audit", "hr.people"].map(String::from).into();
         assert_eq!(p.select(&names), vec!["sales.orders", "ops.events_a"]);
         let mut problems = Vec::new();
-        let bad = vec!["orders".to_string(), "sales.".into(), "a.*".into(), "a.*".into()];
+        let bad = vec!["orders".to_string(), "sales.".into(), "a.*".into(), "a.*".into(), "**".into()];
         TablePatterns { tables: &bad, exclude: &[] }.validate("pipelines[0].source", &mut problems);
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(problems[0].contains("no namespace part"), "{problems:?}");
