@@ -194,13 +194,14 @@ impl Catalog {
         self.backend.metadata_location(&Self::ident(name)?).await
     }
 
-    /// Table `name` as of metadata file `location` (newer than `prev`'s, as [`Self::cheap_metadata_location`] told),
-    /// read with `prev`'s storage, keeping only the snapshots from sequence number `since` on and those the table
-    /// names ([`crate::spec::recent`]); also returns how many snapshots were left out. A file that cannot be read
-    /// or trimmed that way (compressed, unexpected) is loaded in full through the catalog, which reports any error.
-    pub(crate) async fn load_recent(&self, name: &str, prev: &Table, location: &str, since: i64) -> Result<(Table, usize)> {
+    /// Table `name` as of metadata file `location` (as [`Self::cheap_metadata_location`] told), read with `io` (the
+    /// storage of an earlier load of it, whose identifier is `ident`), keeping only the snapshots from sequence
+    /// number `since` on and those the table names ([`crate::spec::recent`]); also returns how many snapshots were
+    /// left out. A file that cannot be read or trimmed that way (compressed, unexpected) is loaded in full through
+    /// the catalog, which reports any error.
+    pub(crate) async fn load_recent(&self, name: &str, io: &FileIO, ident: &TableIdent, location: &str, since: i64) -> Result<(Table, usize)> {
         let read = async {
-            let bytes = prev.file_io().new_input(location).ok()?.read().await.ok()?;
+            let bytes = io.new_input(location).ok()?.read().await.ok()?;
             if bytes.starts_with(&[0x1f, 0x8b]) {
                 return None; // gzip: the catalog's own load decompresses it
             }
@@ -208,10 +209,10 @@ impl Catalog {
         };
         let Some((metadata, dropped)) = read.await else { return Ok((self.load_table(name).await?, 0)) };
         let table = Table::builder()
-            .identifier(prev.identifier().clone())
+            .identifier(ident.clone())
             .metadata(metadata)
             .metadata_location(location)
-            .file_io(prev.file_io().clone())
+            .file_io(io.clone())
             .runtime(iceberg::Runtime::try_current()?)
             .build()?;
         Ok((table, dropped))

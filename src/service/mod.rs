@@ -411,6 +411,19 @@ async fn poll_on_blocking_pool(mut s: LoopState) -> Option<(LoopState, Result<()
     }
 }
 
+/// The source as a poll last loaded it: where its metadata was, how its files are reached, and the table itself while
+/// it is small (trimmed, or a short history) — a loop never holds a long history between polls.
+struct LastSource {
+    location: Option<String>,
+    io: iceberg::io::FileIO,
+    ident: iceberg::TableIdent,
+    /// The loaded table and whether snapshots were left out of it; `None` when it was too large to keep.
+    table: Option<(Table, bool)>,
+}
+
+/// A loaded source is kept between polls when it holds at most this many snapshots (or was trimmed).
+const KEEP_SOURCE_SNAPSHOTS: usize = 64;
+
 /// What a loop keeps between polls.
 struct Pipeline {
     /// The source's catalog (shared with the other loops that name it).
@@ -420,6 +433,9 @@ struct Pipeline {
     /// The marks (source metadata location, then each sink's [`Sink::mark`]) of the last poll that found nothing to
     /// do.
     idle: Option<Vec<Option<String>>>,
+    /// Whether that poll found the source without a snapshot: then nothing is to do whatever the sinks' marks say
+    /// (a sink's destination is only created with the first snapshot, so its mark is unknown until then).
+    idle_empty: bool,
     /// Since when every poll has found nothing to apply (`None`: the last one found something).
     idle_since: Option<Instant>,
     /// Whether every sink answered [`Rest::Done`] since then.
@@ -427,7 +443,7 @@ struct Pipeline {
     /// The shortest [`Upkeep::rest_after`] of the sinks (`None`: none rests).
     rest_after: Option<Duration>,
     /// The source as the last poll loaded it, and whether snapshots were left out of it.
-    last_source: Option<(Table, bool)>,
+    last_source: Option<LastSource>,
     /// The sequence number of the oldest snapshot a sink recorded at the last poll: what the next load keeps from
     /// ([`Catalog::load_recent`]); `None`: load in full.
     since: Option<i64>,
@@ -454,9 +470,11 @@ impl Pipeline {
         let name = &cfg.source.table;
         let (mut source, mut trimmed) = match (&self.last_source, at, self.since) {
             _ if self.source.is_server() => (self.source.load_table(name).await?, false), // a load renews what it vends
-            (Some((prev, trimmed)), Some(at), _) if prev.metadata_location() == Some(at) => (prev.clone(), *trimmed),
-            (Some((prev, _)), Some(at), Some(since)) => {
-                let (t, dropped) = self.source.load_recent(name, prev, at, since).await?;
+            (Some(LastSource { location, table: Some((prev, trimmed)), .. }), Some(at), _) if location.as_deref() == Some(at) => {
+                (prev.clone(), *trimmed)
+            }
+            (Some(last), Some(at), Some(since)) => {
+                let (t, dropped) = self.source.load_recent(name, &last.io, &last.ident, at, since).await?;
                 (t, dropped > 0)
             }
             _ => (self.source.load_table(name).await?, false),
@@ -475,14 +493,26 @@ impl Pipeline {
             }
             let meta = source.metadata();
             self.since = recorded.iter().map(|r| r.and_then(|id| meta.snapshot_by_id(id)).map(|s| s.sequence_number())).min().flatten();
-            self.last_source = Some((source.clone(), trimmed));
+            let small = trimmed || meta.snapshots().len() <= KEEP_SOURCE_SNAPSHOTS;
+            self.last_source = Some(LastSource {
+                location: source.metadata_location().map(str::to_string),
+                io: source.file_io().clone(),
+                ident: source.identifier().clone(),
+                table: small.then(|| (source.clone(), trimmed)),
+            });
             return Ok((source, trimmed, recorded));
         }
     }
 
     /// Whether `marks` say nothing moved since a poll found every sink caught up (and no sink's rest is due).
     fn still_idle(&self, marks: &[Option<String>]) -> bool {
-        marks.iter().all(Option::is_some) && self.idle.as_deref() == Some(marks) && !self.rest_due(Instant::now())
+        let Some(idle) = self.idle.as_deref() else { return false };
+        let unchanged = if self.idle_empty {
+            marks.first().is_some_and(Option::is_some) && idle.first() == marks.first()
+        } else {
+            marks.iter().all(Option::is_some) && idle == marks
+        };
+        unchanged && !self.rest_due(Instant::now())
     }
 
     /// Whether the sinks' rest ([`Upkeep::rest`]) is due at `now`.
@@ -520,7 +550,17 @@ impl LoopState {
             let source = Catalog::shared(&cfg.source.catalog, "source").await?;
             let mut sinks = crate::sink::open(cfg, &run.pipeline, crate::sink::Lifetime::LongRunning).await?;
             let rest_after = sinks.iter_mut().filter_map(|s| s.upkeep().and_then(|u| u.rest_after())).min();
-            *state = Some(Pipeline { source, sinks, idle: None, idle_since: None, rested: false, rest_after, last_source: None, since: None });
+            *state = Some(Pipeline {
+                source,
+                sinks,
+                idle: None,
+                idle_since: None,
+                rested: false,
+                rest_after,
+                last_source: None,
+                since: None,
+                idle_empty: false,
+            });
         }
         let p = state.as_mut().expect("just connected");
         // Nothing moved since a poll that found every sink caught up: skip loading any metadata. (Marks are read before
@@ -538,7 +578,8 @@ impl LoopState {
         }
         let (source, trimmed, recorded) = p.source_and_progress(cfg, marks[0].as_deref()).await?;
         let meta = source.metadata();
-        if meta.current_snapshot().is_none() {
+        p.idle_empty = meta.current_snapshot().is_none();
+        if p.idle_empty {
             telemetry.polled(labels, 0.0, 0);
             p.idle = Some(marks);
             return Ok(()); // nothing to replicate yet
