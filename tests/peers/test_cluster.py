@@ -54,6 +54,19 @@ def service_file(path, warehouse, replica, kafka, group, pipelines):
     path.write_text(text)
 
 
+def stop_all(procs, logs):
+    """SIGTERM to every instance still running, then wait for each (killed after 40 s) and close its log."""
+    for p, _ in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for name, (p, _) in procs.items():
+        try:
+            p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        logs[name].close()
+
+
 def commit_round(spark, r):
     for s in SOURCES:
         t = f"{CAT}.db.{s}"
@@ -165,15 +178,7 @@ def test_services_share_pipelines_through_a_kafka_group(spark, warehouse, kafka,
                     if l.strip() and "cdc.source-sequence-number" in json.loads(l)["summary"]]
             assert seqs and all(a < b for a, b in zip(seqs, seqs[1:])), f"{name}: progress {seqs}"
     finally:
-        for name, (p, _) in procs.items():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, (p, _) in procs.items():
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            logs[name].close()
+        stop_all(procs, logs)
     for name in "acd":
         assert procs[name][0].returncode == 0, tails()
 
@@ -246,14 +251,6 @@ def test_a_broker_outage_stops_no_pipeline(spark, warehouse, tmp_path):
         spark.sql(f"INSERT INTO {CAT}.db.co_a VALUES (999, 'after')")
         assert wait_until(all_follow, 60), tails()
     finally:
-        for name, (p, _) in procs.items():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for name, (p, _) in procs.items():
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            logs[name].close()
+        stop_all(procs, logs)
         subprocess.run(["bash", KAFKA_SCRIPT, "stop", str(broker)])
     assert all(procs[n][0].returncode == 0 for n in "ab"), tails()
