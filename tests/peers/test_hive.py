@@ -247,7 +247,7 @@ def test_a_sync_of_patterns_lists_the_metastore_and_copies_each_match(spark, hiv
     assert not (replica / f"dr_{NS}" / "part_orc_v2").exists()
     svc = tmp_path / "svc.toml"
     svc.write_text(f'[catalogs.hms]\ntype = "hive"\nuri = "{hive_metastore}"\n[catalogs.dr]\ntype = "hadoop"\nwarehouse = "{replica}"\n\n'
-                   f'[[pipelines]]\nname = "hive"\nsource = {{ catalog = "hms", tables = ["{NS}.*"], exclude = ["{NS}.part_*"] }}\n'
+                   f'[[pipelines]]\nname = "hive"\nsource = {{ catalog = "hms", tables = ["{NS}.*"], exclude = ["{NS}.part_*", "{NS}.svc_*"] }}\n'
                    f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "dr"\ntable = "dr_{{namespace}}.{{table}}"\n')
     checked = run_cdc("check", "--config", str(svc), check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
