@@ -88,13 +88,19 @@ impl<C: Clone> SinkConfig<C> {
         out
     }
 
-    /// Whether this sink's table, topic or path names its source table ([`crate::pattern::TABLE`]): required of a
-    /// pipeline of many tables.
-    pub(crate) fn names_each_table(&self) -> bool {
-        match self {
+    /// Adds a problem (named `at`) to `p` unless this sink's table, topic or path names its source table
+    /// ([`crate::pattern::TABLE`]), as a sink of a pipeline of many tables must: else all of them land in one place.
+    pub(crate) fn check_names_each_table(&self, at: &str, p: &mut Vec<String>) {
+        let named = match self {
             SinkConfig::Iceberg(t) => t.table.contains(crate::pattern::TABLE),
             SinkConfig::Kafka(k) => k.topic.contains(crate::pattern::TABLE),
             SinkConfig::Jsonl(j) => j.path.to_string_lossy().contains(crate::pattern::TABLE),
+        };
+        if !named {
+            p.push(format!(
+                "{at}: {} would receive every table the patterns match; name each table's destination with {{table}} (e.g. \"replica_{{namespace}}.{{table}}\")",
+                self.label()
+            ));
         }
     }
 }
@@ -854,11 +860,8 @@ impl ConfigFile {
         let many = self.source.patterns().is_some();
         let source = match self.source.patterns() {
             Some(patterns) => {
-                if !self.source.table.is_empty() {
-                    p.push("source: give `table` (one table) or `tables` (patterns), not both".into());
-                }
-                patterns.validate("source", &mut p);
-                self.source.for_table("namespace.table")
+                patterns.validate("source", &self.source.table, &mut p);
+                self.source.for_table(crate::pattern::SAMPLE_TABLE)
             }
             None => self.source.clone(),
         };
@@ -867,11 +870,8 @@ impl ConfigFile {
         let shorthands = self.target.clone().map(|t| ("target".to_string(), SinkConfig::Iceberg(t)));
         let named = shorthands.into_iter().chain(self.kafka.clone().map(|k| ("kafka".to_string(), SinkConfig::Kafka(k))));
         for (at, sink) in named.chain(self.sinks.iter().enumerate().map(|(i, s)| (format!("sinks[{i}]"), s.clone()))) {
-            if many && !sink.names_each_table() {
-                p.push(format!(
-                    "{at}: {} would receive every table the patterns match; name each table's destination with {{table}} (e.g. \"replica_{{namespace}}.{{table}}\")",
-                    sink.label()
-                ));
+            if many {
+                sink.check_names_each_table(&at, &mut p);
             }
             sink.for_table(&source.table).validate(&at, &source, &mut p);
         }

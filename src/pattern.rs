@@ -13,6 +13,8 @@ use std::collections::BTreeSet;
 pub const TABLE: &str = "{table}";
 /// The placeholder of a matched table's namespace (dotted) in a template.
 pub const NAMESPACE: &str = "{namespace}";
+/// The table name a pipeline of patterns is validated with (its sinks' templates filled with it).
+pub(crate) const SAMPLE_TABLE: &str = "namespace.table";
 
 /// The tables a pipeline stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +34,12 @@ impl TablePatterns<'_> {
         names.iter().filter(|n| self.matches(n)).collect()
     }
 
-    /// The problems of the patterns (named `at.tables` / `at.exclude`).
-    pub(crate) fn validate(&self, at: &str, p: &mut Vec<String>) {
+    /// The problems of the patterns (named `at.tables` / `at.exclude`) of a source whose `table` is given too (`""`:
+    /// not given, as it must be).
+    pub(crate) fn validate(&self, at: &str, table: &str, p: &mut Vec<String>) {
+        if !table.is_empty() {
+            p.push(format!("{at}: give `table` (one table) or `tables` (patterns), not both"));
+        }
         if self.tables.is_empty() {
             p.push(format!("{at}.tables: no pattern; give e.g. [\"sales.*\"]"));
         }
@@ -101,12 +107,12 @@ mod tests {
         assert_eq!(p.select(&names), vec!["sales.orders", "ops.events_a"]);
         let mut problems = Vec::new();
         let bad = vec!["orders".to_string(), "sales.".into(), "a.*".into(), "a.*".into(), "**".into()];
-        TablePatterns { tables: &bad, exclude: &[] }.validate("pipelines[0].source", &mut problems);
+        TablePatterns { tables: &bad, exclude: &[] }.validate("pipelines[0].source", "", &mut problems);
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(problems[0].contains("no namespace part"), "{problems:?}");
         assert!(problems[2].contains("twice"), "{problems:?}");
         let mut problems = Vec::new();
-        TablePatterns { tables: &[], exclude: &[] }.validate("x", &mut problems);
+        TablePatterns { tables: &[], exclude: &[] }.validate("x", "", &mut problems);
         assert_eq!(problems, vec!["x.tables: no pattern; give e.g. [\"sales.*\"]"]);
     }
 

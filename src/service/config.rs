@@ -273,11 +273,8 @@ impl PipelineSource {
     fn validate(&self, at: &str, p: &mut Vec<String>) {
         match self.patterns() {
             Some(patterns) => {
-                if !self.table.is_empty() {
-                    p.push(format!("{at}: give `table` (one table) or `tables` (patterns), not both"));
-                }
-                patterns.validate(at, p);
-                crate::config::validate_table_and_keys(at, "namespace.table", self.key_columns.as_deref(), p);
+                patterns.validate(at, &self.table, p);
+                crate::config::validate_table_and_keys(at, crate::pattern::SAMPLE_TABLE, self.key_columns.as_deref(), p);
             }
             None if self.table.is_empty() => p.push(format!("{at}.table: missing; name the table, or give `tables` patterns")),
             None => crate::config::validate_table_and_keys(at, &self.table, self.key_columns.as_deref(), p),
@@ -372,15 +369,12 @@ impl ServiceConfig {
             let mut labels = HashSet::new();
             let many = pl.source.patterns().is_some();
             // a pattern's sinks are checked as they are for a table it matches
-            let sample = if many { "namespace.table" } else { pl.source.table.as_str() };
+            let sample = if many { crate::pattern::SAMPLE_TABLE } else { pl.source.table.as_str() };
             let source = self.source_of(pl, sample);
             for (j, s) in pl.sinks.iter().enumerate() {
                 let sink_at = format!("{at}.sinks[{j}]");
-                if many && !s.names_each_table() {
-                    p.push(format!(
-                        "{sink_at}: {} would receive every table the patterns match; name each table's destination with {{table}} (e.g. \"replica_{{namespace}}.{{table}}\")",
-                        s.label()
-                    ));
+                if many {
+                    s.check_names_each_table(&sink_at, &mut p);
                 }
                 let s = &s.for_table(sample);
                 match self.resolve(s) {

@@ -83,19 +83,9 @@ impl Drop for Discoverer {
 /// What `cfg`'s pipelines of patterns stand for now: each catalog listed once; a catalog that fails keeps its
 /// pipelines' entries of `before`. Events (tables added and gone, calls, failures) go to `telemetry`.
 pub(crate) async fn discover(cfg: &ServiceConfig, before: &Discovered, telemetry: &Telemetry) -> Discovered {
-    let mut listings: BTreeMap<&str, Option<Vec<String>>> = BTreeMap::new();
-    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
-        let name = pl.source.catalog.as_str();
-        if listings.contains_key(name) {
-            continue;
-        }
-        let Some(c) = cfg.catalogs.get(name) else { continue };
-        let t0 = Instant::now();
-        let listed = match Catalog::shared(c, name).await {
-            Ok(catalog) => catalog.list_tables().await,
-            Err(e) => Err(e),
-        };
-        telemetry.catalog_listed(name, listed.as_ref().map(|(t, calls)| (t.len(), *calls)), t0.elapsed().as_secs_f64());
+    let mut listings = BTreeMap::new();
+    for (name, listed, seconds) in list_catalogs(cfg).await {
+        telemetry.catalog_listed(name, listed.as_ref().map(|(t, calls)| (t.len(), *calls)), seconds);
         listings.insert(name, listed.ok().map(|(t, _)| t));
     }
     let found = select(cfg, &listings, before);
@@ -106,6 +96,23 @@ pub(crate) async fn discover(cfg: &ServiceConfig, before: &Discovered, telemetry
         telemetry.tables_discovered(pipeline, tables.len(), &added, &gone);
     }
     found
+}
+
+/// One listing of each catalog a pipeline of `cfg` names by patterns (in the order first named): its name, the
+/// tables and catalog calls (or why it could not be listed), and the seconds it took.
+pub(crate) async fn list_catalogs(cfg: &ServiceConfig) -> Vec<(&str, crate::error::Result<(Vec<String>, usize)>, f64)> {
+    let mut out: Vec<(&str, _, f64)> = Vec::new();
+    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
+        let name = pl.source.catalog.as_str();
+        let Some(c) = cfg.catalogs.get(name).filter(|_| out.iter().all(|(n, _, _)| *n != name)) else { continue };
+        let t0 = Instant::now();
+        let listed = match Catalog::shared(c, name).await {
+            Ok(catalog) => catalog.list_tables().await,
+            Err(e) => Err(e),
+        };
+        out.push((name, listed, t0.elapsed().as_secs_f64()));
+    }
+    out
 }
 
 /// Each pipeline of patterns with the tables of its catalog's listing that match (sorted); a catalog without a

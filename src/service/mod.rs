@@ -669,15 +669,7 @@ pub async fn check(path: &Path) -> Result<bool> {
     let mut failed = 0;
     // what each pipeline of patterns matches now (one listing per catalog)
     let mut listings = BTreeMap::new();
-    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
-        let name = pl.source.catalog.as_str();
-        if listings.contains_key(name) {
-            continue;
-        }
-        let listed = match Catalog::connect(&cfg.catalogs[name], name).await {
-            Ok(c) => c.list_tables().await,
-            Err(e) => Err(e),
-        };
+    for (name, listed, _) in discover::list_catalogs(&cfg).await {
         match listed {
             Ok((tables, calls)) => {
                 println!("ok    catalog {name}: {} tables listed in {calls} calls", tables.len());

@@ -38,10 +38,9 @@ pub struct PipelineStatus {
 /// overrides the file's (the instance to ask without a cluster).
 pub async fn status(path: &Path, metrics_address: Option<String>) -> Result<Vec<PipelineStatus>> {
     let cfg = ServiceConfig::load(path)?;
-    let found = match cfg.has_patterns() {
-        true => super::discover::discover(&cfg, &Default::default(), &super::telemetry::Telemetry::new()).await,
-        false => Default::default(),
-    };
+    // the tables pipelines of patterns stand for now (a catalog that cannot be listed: none of its tables)
+    let listings = super::discover::list_catalogs(&cfg).await.into_iter().map(|(name, listed, _)| (name, listed.ok().map(|(t, _)| t))).collect();
+    let found = super::discover::select(&cfg, &listings, &Default::default());
     let runs = cfg.runs(&found);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| Error::Internal(format!("http client: {e}")))?;
     // (how the owner is named, the address to ask — none with telemetry off —, the pipelines it owns: None = all)
