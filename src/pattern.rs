@@ -81,9 +81,63 @@ pub(crate) fn fill(template: &str, name: &str) -> String {
     template.replace(NAMESPACE, ns).replace(TABLE, table)
 }
 
+/// A table name `template` gives `filled` for (`fill(template, name) == filled`) that `accept` takes, when the
+/// template names both the namespace and the table; `None` when there is none, or the template cannot tell (no
+/// `{namespace}`). Finds which source table a destination was named for. Pure.
+pub(crate) fn unfill(template: &str, filled: &str, accept: impl Fn(&str) -> bool) -> Option<String> {
+    if !template.contains(NAMESPACE) || !template.contains(TABLE) {
+        return None;
+    }
+    /// Matches `t` (a template's rest) against `s`, the placeholders bound so far in `ns` and `table`.
+    fn at<'s>(t: &str, s: &'s str, ns: Option<&'s str>, table: Option<&'s str>, accept: &dyn Fn(&str) -> bool) -> Option<String> {
+        if t.is_empty() {
+            let name = format!("{}.{}", ns?, table?);
+            return (s.is_empty() && accept(&name)).then_some(name);
+        }
+        let (placeholder, rest) = match (t.strip_prefix(NAMESPACE), t.strip_prefix(TABLE)) {
+            (Some(rest), _) => (NAMESPACE, rest),
+            (_, Some(rest)) => (TABLE, rest),
+            _ => {
+                let c = t.chars().next()?;
+                return s.strip_prefix(c).and_then(|s| at(&t[c.len_utf8()..], s, ns, table, accept));
+            }
+        };
+        let bound = if placeholder == NAMESPACE { ns } else { table };
+        if let Some(v) = bound {
+            return s.strip_prefix(v).and_then(|s| at(rest, s, ns, table, accept));
+        }
+        // every non-empty prefix of `s` (a table name holds no dot; a namespace may)
+        s.char_indices().skip(1).map(|(i, _)| i).chain([s.len()]).find_map(|end| {
+            let v = &s[..end];
+            if placeholder == TABLE && v.contains('.') {
+                return None;
+            }
+            let (ns, table) = if placeholder == NAMESPACE { (Some(v), table) } else { (ns, Some(v)) };
+            at(rest, &s[end..], ns, table, accept)
+        })
+    }
+    at(template, filled, None, None, &accept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_destination_name_tells_the_table_it_was_filled_for() {
+        let any = |_: &str| true;
+        assert_eq!(unfill("replica_{namespace}.{table}", "replica_sales.orders", any).as_deref(), Some("sales.orders"));
+        assert_eq!(unfill("replica_{namespace}.{table}", "replica_sales.eu.orders", any).as_deref(), Some("sales.eu.orders"), "nested");
+        assert_eq!(unfill("dr.{namespace}_{table}_v1", "dr.ops_events_v1", any).as_deref(), Some("ops.events"));
+        assert_eq!(unfill("replica_{namespace}.{table}", "other.orders", any), None, "not one of its fillings");
+        assert_eq!(unfill("dr.{table}", "dr.orders", any), None, "the namespace cannot be told");
+        // ambiguous fillings: the one `accept` takes
+        let found = unfill("dr.{namespace}_{table}", "dr.a_b_c", |n| n == "a_b.c");
+        assert_eq!(found.as_deref(), Some("a_b.c"));
+        for (t, name) in [("replica_{namespace}.{table}", "a.b.c"), ("dr.{namespace}_{table}_v1", "ops.events")] {
+            assert_eq!(unfill(t, &fill(t, name), any).as_deref(), Some(name), "{t}");
+        }
+    }
 
     #[test]
     fn stars_stay_within_a_part_and_double_stars_cross_dots() {

@@ -231,6 +231,14 @@ impl Backend for HadoopCatalog {
     async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
         HadoopCatalog::create_table(self, ident, creation).await
     }
+    /// The table's directory is the table: it goes, files and all (as Iceberg Java's `HadoopCatalog.dropTable`).
+    async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        let dir = self.table_dir(ident);
+        if Self::current_version(&dir.join("metadata")).is_none() {
+            return Err(Error::TableNotFound { catalog: format!("hadoop:{}", self.warehouse.display()), table: ident.to_string() });
+        }
+        std::fs::remove_dir_all(&dir).map_err(|e| Error::data_from(dir.display().to_string(), e))
+    }
     async fn swap(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Swapped> {
         self.commit(table, requirements, updates).await.map(Swapped::Done)
     }

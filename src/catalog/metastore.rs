@@ -46,6 +46,12 @@ pub(crate) trait Metastore: Send + Sync + 'static {
     async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal>;
     /// Every Iceberg table (`table_type = ICEBERG`) of every database, and how many calls that took.
     async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)>;
+    /// Renames `from` (database, name) to `to`, creating `to`'s database when missing; the files stay.
+    async fn rename(&self, from: (&str, &str), _to: (&str, &str)) -> Result<()> {
+        Err(Error::catalog(&self.label(), format!("{}.{}: {} cannot rename tables", from.0, from.1, Self::NAME), false))
+    }
+    /// Removes the record of `db.name` (the files stay); `false` when there was none.
+    async fn drop(&self, db: &str, name: &str) -> Result<bool>;
 }
 
 /// Whether a table's parameters mark it an Iceberg table (case-insensitively, as Iceberg Java writes and reads it).
@@ -99,6 +105,19 @@ impl<M: Metastore> Backend for MetastoreCatalog<M> {
 
     async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
         self.0.list_iceberg_tables().await
+    }
+
+    async fn rename_table(&self, from: &TableIdent, to: &TableIdent) -> Result<()> {
+        let (from, to) = (db_and_name(M::NAME, from)?, db_and_name(M::NAME, to)?);
+        self.0.rename((&from.0, &from.1), (&to.0, &to.1)).await
+    }
+
+    async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        let (db, name) = db_and_name(M::NAME, ident)?;
+        match self.0.drop(&db, &name).await? {
+            true => Ok(()),
+            false => Err(Error::TableNotFound { catalog: self.0.label(), table: ident.to_string() }),
+        }
     }
 
     async fn load_table(&self, ident: &TableIdent) -> Result<Table> {

@@ -78,6 +78,15 @@ pub(crate) trait Backend: Send + Sync {
     async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
         Err(Error::Config(vec!["this kind of catalog cannot list its tables yet: name each table in its own pipeline".into()]))
     }
+    /// Renames table `from` to `to` (creating `to`'s namespace when missing); its files stay where they are.
+    async fn rename_table(&self, from: &TableIdent, _to: &TableIdent) -> Result<()> {
+        Err(Error::catalog("catalog", format!("{from}: this kind of catalog cannot rename tables"), false))
+    }
+    /// Removes table `ident` from the catalog (its data files stay, as Iceberg's `DROP TABLE` without `PURGE`);
+    /// [`Error::TableNotFound`] when it does not exist.
+    async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        Err(Error::catalog("catalog", format!("{ident}: this kind of catalog cannot drop tables"), false))
+    }
     /// A catalog server (REST): it deletes metadata files that leave the metadata log itself, and a load renews
     /// what it vends (storage credentials).
     fn is_server(&self) -> bool {
@@ -218,6 +227,16 @@ impl Catalog {
         Ok((table, dropped))
     }
 
+    /// Renames table `from` to `to` (both `namespace.table`); the table keeps its uuid, files and history.
+    pub(crate) async fn rename_table(&self, from: &str, to: &str) -> Result<()> {
+        self.backend.rename_table(&Self::ident(from)?, &Self::ident(to)?).await
+    }
+
+    /// Removes table `name` from the catalog; its data files stay. [`Error::TableNotFound`] when it does not exist.
+    pub(crate) async fn drop_table(&self, name: &str) -> Result<()> {
+        self.backend.drop_table(&Self::ident(name)?).await
+    }
+
     /// Creates the namespace when missing, then the table.
     pub async fn create_table(&self, name: &str, creation: TableCreation) -> Result<Table> {
         self.backend.create_table(&Self::ident(name)?, creation).await
@@ -271,6 +290,12 @@ pub(crate) fn load_error(kind: &str, name: &str, e: iceberg::Error) -> Error {
 /// Creates the namespace when missing (another writer may create it meanwhile), then the table, in an iceberg-rust
 /// catalog.
 pub(crate) async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+    ensure_namespace(c, ns).await?;
+    Ok(c.create_table(ns, creation).await?)
+}
+
+/// Creates namespace `ns` of an iceberg-rust catalog when missing (another writer may create it meanwhile).
+pub(crate) async fn ensure_namespace(c: &impl iceberg::Catalog, ns: &NamespaceIdent) -> Result<()> {
     if !c.namespace_exists(ns).await? {
         if let Err(e) = c.create_namespace(ns, HashMap::new()).await {
             // another writer may have created it meanwhile; only a namespace that still is missing is an error
@@ -279,7 +304,7 @@ pub(crate) async fn create_via(c: &impl iceberg::Catalog, ns: &NamespaceIdent, c
             }
         }
     }
-    Ok(c.create_table(ns, creation).await?)
+    Ok(())
 }
 
 /// `namespace.table` of `ident`.

@@ -263,6 +263,15 @@ impl Backend for RestBackend {
     async fn list_tables(&self) -> Result<(Vec<TableIdent>, usize)> {
         self.0.list_tables().await
     }
+    async fn rename_table(&self, from: &TableIdent, to: &TableIdent) -> Result<()> {
+        if !self.0.namespace_exists(to.namespace()).await? {
+            self.0.create_namespace(to.namespace()).await?;
+        }
+        self.0.rename_table(from, to).await
+    }
+    async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        self.0.drop_table(ident).await
+    }
     fn is_server(&self) -> bool {
         true
     }
@@ -668,6 +677,29 @@ impl RestClient {
         }
         // The response carries the metadata, but loading also sets up the storage credentials the same way.
         self.load_table(&TableIdent::new(ns.clone(), creation.name)).await
+    }
+
+    /// Renames table `from` to `to` (`POST .../tables/rename`; `to`'s namespace must exist).
+    pub async fn rename_table(&self, from: &TableIdent, to: &TableIdent) -> Result<()> {
+        let ident = |t: &TableIdent| serde_json::json!({"namespace": t.namespace().iter().collect::<Vec<_>>(), "name": t.name()});
+        let body = serde_json::json!({"source": ident(from), "destination": ident(to)});
+        self.write(Method::POST, &self.url("tables/rename"), Some(&body), from).await
+    }
+
+    /// Drops table `ident` from the catalog, its files kept (`DELETE .../tables/{t}`, no `purgeRequested`).
+    pub async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        self.write(Method::DELETE, &self.table_url(ident), None, ident).await
+    }
+
+    /// A change of the catalog that is no commit (rename, drop): one request; `404` is [`Error::TableNotFound`].
+    async fn write(&self, method: Method, url: &str, body: Option<&serde_json::Value>, ident: &TableIdent) -> Result<()> {
+        self.token().await?;
+        let resp = self.send(method, url, body, None).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), e.is_connect()).with_cause(e))?;
+        match resp.status() {
+            s if s.is_success() => Ok(()),
+            StatusCode::NOT_FOUND => Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() }),
+            _ => Err(self.status_error(url, resp).await),
+        }
     }
 
     /// Commits `updates` under `requirements` (`POST .../tables/{t}` with a `CommitTableRequest`).

@@ -10,7 +10,7 @@ use iceberg::{Catalog as _, CatalogBuilder, MetadataLocation, TableCreation, Tab
 use iceberg_catalog_sql::SqlCatalogBuilder;
 
 use super::sql_marks::SqlMarks;
-use super::{apply_updates, create_via, load_error, strip_file_scheme, table_name, Backend, Swapped};
+use super::{apply_updates, create_via, ensure_namespace, load_error, strip_file_scheme, table_name, Backend, Swapped};
 use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
@@ -103,6 +103,15 @@ impl Backend for SqlCatalog {
 
     async fn create_table(&self, ident: &TableIdent, creation: TableCreation) -> Result<Table> {
         create_via(&self.inner, ident.namespace(), creation).await
+    }
+
+    async fn rename_table(&self, from: &TableIdent, to: &TableIdent) -> Result<()> {
+        ensure_namespace(&self.inner, to.namespace()).await?;
+        self.inner.rename_table(from, to).await.map_err(|e| load_error("sql", &table_name(from), e))
+    }
+
+    async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
+        self.inner.drop_table(ident).await.map_err(|e| load_error("sql", &table_name(ident), e))
     }
 
     /// One query over the catalog's table of tables (views left out where the schema says which are which).

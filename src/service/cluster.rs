@@ -124,6 +124,12 @@ impl Membership {
         self.owned.borrow().partitions.contains(&partition_of(pipeline, self.partitions))
     }
 
+    /// [`Self::owns`] for another task: it follows the assignment as it changes.
+    pub(crate) fn owner(&self) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+        let (owned, partitions) = (self.owned.clone(), self.partitions);
+        move |pipeline| owned.borrow().partitions.contains(&partition_of(pipeline, partitions))
+    }
+
     /// The owned set, once it differs from the last one seen.
     pub(crate) async fn changed(&mut self) -> Owned {
         if self.owned.changed().await.is_err() {

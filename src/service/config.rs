@@ -238,6 +238,12 @@ pub struct PipelineSource {
     /// What happens when a table the patterns matched is gone (dropped, renamed, no longer matched); see [`OnDrop`].
     #[serde(default)]
     pub on_drop: OnDrop,
+    /// How long the destinations of a gone table stay before `on_drop = "drop"` drops them (default 1 day).
+    #[serde(default, with = "humantime_serde::option")]
+    pub drop_grace: Option<Duration>,
+    /// What happens to the destinations of a table renamed in the source catalog; see [`OnRename`].
+    #[serde(default)]
+    pub on_rename: OnRename,
     pub key_columns: Option<Vec<String>>,
     /// See [`crate::config::OnHistoryRewrite`].
     #[serde(default)]
@@ -254,7 +260,29 @@ pub enum OnDrop {
     Keep,
     /// Its loop stays and reports the table as missing (failing on `/readyz` and in `cdc status`) until a reload.
     Stop,
+    /// As `keep`, then, once the table has been gone for `drop_grace`, each Iceberg destination is dropped from its
+    /// catalog (its data files stay, as `DROP TABLE` without `PURGE`; a hadoop table's directory goes with it). Kafka
+    /// topics and jsonl files stay.
+    Drop,
 }
+
+/// What a pipeline of table patterns does when one of its tables is renamed in the source catalog (seen as one
+/// table gone and one added with the same uuid, in one discovery).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRename {
+    /// Each Iceberg destination is renamed to what the sink's template names for the new name, and replication goes
+    /// on from its recorded progress (no copy from scratch). Where the destination's catalog cannot rename (hadoop,
+    /// Glue) and for Kafka topics and jsonl files, the new name is replicated as a new table and the old name is
+    /// gone (`on_drop`).
+    #[default]
+    Rename,
+    /// The new name is replicated as a new table; the old one is gone (`on_drop`).
+    New,
+}
+
+/// How long a gone table's destinations stay when `on_drop = "drop"` and `drop_grace` is not set.
+pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// Table property set on the Iceberg destination of a table that is gone from its source catalog (`on_drop =
 /// "keep"`): since when, and the source table's name.
@@ -269,8 +297,24 @@ impl PipelineSource {
         (!self.tables.is_empty() || !self.exclude.is_empty()).then_some(TablePatterns { tables: &self.tables, exclude: &self.exclude })
     }
 
+    /// How long a gone table's destinations stay before `on_drop = "drop"` drops them.
+    pub(crate) fn drop_grace(&self) -> Duration {
+        self.drop_grace.unwrap_or(DEFAULT_DROP_GRACE)
+    }
+
     /// The problems of the table (or patterns) and key settings (the catalog is checked under `catalogs`).
     fn validate(&self, at: &str, p: &mut Vec<String>) {
+        let discovery_only = [
+            (self.on_drop != OnDrop::default(), "on_drop"),
+            (self.on_rename != OnRename::default(), "on_rename"),
+            (self.drop_grace.is_some(), "drop_grace"),
+        ];
+        for (_, key) in discovery_only.iter().filter(|(set, _)| *set && self.patterns().is_none()) {
+            p.push(format!("{at}.{key}: only for a source of `tables` patterns (a table of its own is never dropped or renamed by discovery)"));
+        }
+        if self.drop_grace.is_some() && self.on_drop != OnDrop::Drop {
+            p.push(format!("{at}.drop_grace: only with on_drop = \"drop\""));
+        }
         match self.patterns() {
             Some(patterns) => {
                 patterns.validate(at, &self.table, p);

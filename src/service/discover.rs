@@ -8,36 +8,59 @@
 //!
 //! Discovery runs in its own task ([`Discoverer`]): every `discover_interval`, and at once when the configuration is
 //! reloaded; the service applies what it finds like a reload (new tables start their loops, gone ones stop theirs),
-//! so a slow listing delays no loop and no signal. A gone table's destination follows the pipeline's
-//! [`OnDrop`]: kept and marked ([`mark`]), or its loop kept to report the missing table.
-use std::collections::{BTreeMap, HashMap};
+//! so a slow listing delays no loop and no signal. Before it tells the service, the task settles what came and went:
+//! - **renames** ([`follow_renames`], `on_rename = "rename"`): a table gone and one added in the same discovery with
+//!   the same uuid (the gone table's uuid is the one its Iceberg destination records progress for) is one table
+//!   renamed: its destinations are renamed to the new name's, so the new name's loop resumes from their progress;
+//! - **drops** ([`Gone`], `on_drop = "drop"`): a gone table's Iceberg destinations are dropped once it has been gone
+//!   for `drop_grace`. Since when is the [`GONE_PROPERTY`] mark's time, so a restart does not restart the grace: the
+//!   first discovery after a start finds the destinations whose table went meanwhile ([`Gone::scan`]).
+//!
+//! Only the instance that owns a table's pipeline ([`Owns`]) renames or drops its destinations. A destination is only
+//! ever dropped when it is marked gone and no table the pipeline follows now is named to it.
+//!
+//! A gone table's destination otherwise follows the pipeline's [`OnDrop`]: kept and marked ([`mark`]), or its loop
+//! kept to report the missing table.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use iceberg::{TableRequirement, TableUpdate};
 use tokio::sync::watch;
 
-use super::config::{Discovered, OnDrop, ServiceConfig, GONE_PROPERTY};
+use super::config::{Discovered, OnDrop, OnRename, PipelineConfig, ServiceConfig, GONE_PROPERTY};
 use super::telemetry::Telemetry;
 use crate::catalog::Catalog;
-use crate::config::SinkConfig;
+use crate::config::{CatalogConfig, SinkConfig};
+use crate::sink::iceberg::progress::PROPERTY_PREFIX;
+
+/// Whether this instance runs a pipeline, by name (`<pipeline>:<namespace.table>`).
+pub(crate) type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The discovery task: lists the catalogs on an interval and when told the configuration changed.
 pub(crate) struct Discoverer {
     found: watch::Receiver<Discovered>,
-    cfg: watch::Sender<ServiceConfig>,
+    cfg: watch::Sender<(ServiceConfig, Owns)>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Discoverer {
-    /// Starts discovering for `cfg`, from `first` (what a discovery before the start found).
-    pub(crate) fn start(cfg: ServiceConfig, first: Discovered, telemetry: Arc<Telemetry>) -> Discoverer {
+    /// Starts discovering for `cfg`, from `first` (what a discovery before the start found); `owns` tells which
+    /// pipelines' destinations this instance may rename or drop.
+    pub(crate) fn start(cfg: ServiceConfig, first: Discovered, owns: Owns, telemetry: Arc<Telemetry>) -> Discoverer {
         let (found_tx, found) = watch::channel(first.clone());
-        let (cfg_tx, mut cfg_rx) = watch::channel(cfg);
+        let (cfg_tx, mut cfg_rx) = watch::channel((cfg, owns));
         let task = tokio::spawn(async move {
             let mut last = first;
+            let mut gone = Gone::default();
+            let mut scan = true;
             loop {
-                let interval = cfg_rx.borrow().service.discover_interval;
+                if scan {
+                    // after a start or reload: the destinations of tables that went while nobody watched
+                    let cfg = cfg_rx.borrow().0.clone();
+                    gone.scan(&cfg, &last).await;
+                }
+                let interval = cfg_rx.borrow().0.service.discover_interval;
                 let reconfigured = tokio::select! {
                     _ = tokio::time::sleep(interval) => false,
                     changed = cfg_rx.changed() => match changed {
@@ -45,10 +68,14 @@ impl Discoverer {
                         Err(_) => return, // the service is gone
                     },
                 };
-                let cfg = cfg_rx.borrow_and_update().clone();
+                let (cfg, owns) = cfg_rx.borrow_and_update().clone();
                 // a reload starts from the listing alone: tables a `stop` pipeline kept for their missing table leave
                 let before = if reconfigured { Discovered::new() } else { last.clone() };
                 let now = if cfg.has_patterns() { discover(&cfg, &before, &telemetry).await } else { Discovered::new() };
+                follow_renames(&cfg, &last, &now, &owns, &telemetry).await;
+                gone.follow(&cfg, &last, &now, SystemTime::now());
+                gone.drop_due(&cfg, &now, &owns, &telemetry).await;
+                scan = reconfigured;
                 if now != last {
                     last = now.clone();
                     if found_tx.send(now).is_err() {
@@ -61,8 +88,8 @@ impl Discoverer {
     }
 
     /// The configuration was reloaded: discover for `cfg` now.
-    pub(crate) fn reconfigure(&self, cfg: ServiceConfig) {
-        let _ = self.cfg.send(cfg);
+    pub(crate) fn reconfigure(&self, cfg: ServiceConfig, owns: Owns) {
+        let _ = self.cfg.send((cfg, owns));
     }
 
     /// What discovery found, once it differs from the last seen.
@@ -150,24 +177,34 @@ pub(crate) fn changes(before: &Discovered, after: &Discovered) -> Vec<(String, S
     out
 }
 
-/// After the loops followed a discovery: the Iceberg destinations of tables that are gone (`on_drop = "keep"`) get
-/// [`GONE_PROPERTY`]; those of tables that came (back) lose it where they had it. Best effort: a destination that
-/// cannot be marked is logged, never retried (the next event marks it).
+/// After the loops followed a discovery: the Iceberg destinations of tables that are gone (`on_drop = "keep"` or
+/// `"drop"`) get [`GONE_PROPERTY`]; those of tables that came (back) lose it where they had it. Best effort: a
+/// destination that cannot be marked is logged, never retried (the next event marks it).
 pub(crate) async fn mark(cfg: ServiceConfig, changes: Vec<(String, String, bool)>) {
     for (pipeline, table, added) in changes {
-        let Some(pl) = cfg.pipelines.iter().find(|p| p.name == pipeline && p.source.on_drop == OnDrop::Keep) else { continue };
-        for sink in &pl.sinks {
-            let SinkConfig::Iceberg(t) = sink.for_table(&table) else { continue };
-            let Some(c) = cfg.catalogs.get(&t.catalog) else { continue };
-            if let Err(e) = mark_one(c, &t.catalog, &t.table, &table, added).await {
-                tracing::warn!(pipeline = %pipeline, table = %table, destination = %t.table, error = %e, "could not mark the destination of a table that came or went");
+        let Some(pl) = cfg.pipelines.iter().find(|p| p.name == pipeline && p.source.on_drop != OnDrop::Stop) else { continue };
+        for (c, label, dest) in iceberg_destinations(&cfg, pl, &table) {
+            if let Err(e) = mark_one(c, label, &dest, &table, added).await {
+                tracing::warn!(pipeline = %pipeline, table = %table, destination = %dest, error = %e, "could not mark the destination of a table that came or went");
             }
         }
     }
 }
 
+/// The Iceberg destinations of `table` in pipeline `pl`: each one's catalog, the catalog's name, and the table.
+fn iceberg_destinations<'c>(cfg: &'c ServiceConfig, pl: &PipelineConfig, table: &str) -> Vec<(&'c CatalogConfig, &'c str, String)> {
+    let mut out = Vec::new();
+    for sink in &pl.sinks {
+        let SinkConfig::Iceberg(t) = sink.for_table(table) else { continue };
+        if let Some((label, c)) = cfg.catalogs.get_key_value(&t.catalog) {
+            out.push((c, label.as_str(), t.table));
+        }
+    }
+    out
+}
+
 /// Sets (the source `table` is gone) or removes (`came`) [`GONE_PROPERTY`] on destination `dest`.
-async fn mark_one(c: &crate::config::CatalogConfig, label: &str, dest: &str, table: &str, came: bool) -> crate::error::Result<()> {
+async fn mark_one(c: &CatalogConfig, label: &str, dest: &str, table: &str, came: bool) -> crate::error::Result<()> {
     let catalog = Catalog::shared(c, label).await?;
     let t = match catalog.load_table(dest).await {
         Ok(t) => t,
@@ -189,6 +226,171 @@ async fn mark_one(c: &crate::config::CatalogConfig, label: &str, dest: &str, tab
     catalog.commit(&t, vec![TableRequirement::UuidMatch { uuid }], vec![update]).await?;
     tracing::info!(destination = %dest, table = %table, gone = !came, "destination marked");
     Ok(())
+}
+
+/// The source table uuids destination `t` records progress for.
+fn progress_uuids(t: &iceberg::table::Table) -> BTreeSet<String> {
+    t.metadata().properties().keys().filter_map(|k| k.strip_prefix(PROPERTY_PREFIX)).map(String::from).collect()
+}
+
+/// When [`GONE_PROPERTY`]'s value `mark` says the table went.
+fn marked_since(mark: &str) -> Option<SystemTime> {
+    let at = chrono::DateTime::parse_from_rfc3339(mark.split(' ').next()?).ok()?;
+    Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(at.timestamp().max(0) as u64))
+}
+
+/// Renamed tables (`on_rename = "rename"`): of the tables each pipeline lost from `before` to `now`, those whose
+/// Iceberg destination records progress for the uuid of a table it gained have their destination renamed to that
+/// table's — before its loop starts, which then resumes from that progress. Only the owner of the new name's
+/// pipeline renames. A destination that cannot be renamed (its catalog cannot, or the new name is taken) is
+/// reported; the new name is then replicated as a new table.
+pub(crate) async fn follow_renames(cfg: &ServiceConfig, before: &Discovered, now: &Discovered, owns: &Owns, telemetry: &Telemetry) {
+    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some() && pl.source.on_rename == OnRename::Rename) {
+        let (old, new) = (before.get(&pl.name).cloned().unwrap_or_default(), now.get(&pl.name).cloned().unwrap_or_default());
+        let gone: Vec<&String> = old.iter().filter(|t| !new.contains(t)).collect();
+        let added: Vec<&String> = new.iter().filter(|t| !old.contains(t) && owns(&format!("{}:{t}", pl.name))).collect();
+        if gone.is_empty() || added.is_empty() || !pl.sinks.iter().any(|s| matches!(s, SinkConfig::Iceberg(_))) {
+            continue;
+        }
+        let Some(source) = cfg.catalogs.get(&pl.source.catalog) else { continue };
+        let Ok(source) = Catalog::shared(source, &pl.source.catalog).await else { continue };
+        let mut by_uuid = HashMap::new();
+        for a in added {
+            if let Ok(t) = source.load_table(a).await {
+                by_uuid.insert(t.metadata().uuid().to_string(), a.clone());
+            }
+        }
+        for g in gone {
+            for (c, label, dest) in iceberg_destinations(cfg, pl, g) {
+                let Ok(catalog) = Catalog::shared(c, label).await else { continue };
+                let Ok(t) = catalog.load_table(&dest).await else { continue };
+                let Some(to) = progress_uuids(&t).iter().find_map(|u| by_uuid.get(u)) else { continue };
+                let Some((_, _, renamed)) = iceberg_destinations(cfg, pl, to).into_iter().find(|(_, l, _)| *l == label) else { continue };
+                if renamed == dest {
+                    continue; // the template names both alike: the new name's loop finds the progress where it is
+                }
+                let outcome = catalog.rename_table(&dest, &renamed).await;
+                telemetry.table_renamed(&pl.name, g, to, &dest, &renamed, outcome.as_ref().err());
+            }
+        }
+    }
+}
+
+/// The tables of `on_drop = "drop"` pipelines that are gone, and since when: (pipeline, table) → the time it went.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Gone(BTreeMap<(String, String), SystemTime>);
+
+impl Gone {
+    /// Follows one discovery (`before` → `now`, at `at`): tables that went are gone since `at`; tables that came
+    /// back, and those of pipelines that no longer drop, are forgotten. Pure.
+    pub(crate) fn follow(&mut self, cfg: &ServiceConfig, before: &Discovered, now: &Discovered, at: SystemTime) {
+        let drops = |p: &str| cfg.pipelines.iter().any(|pl| pl.name == p && pl.source.on_drop == OnDrop::Drop);
+        self.0.retain(|(p, t), _| drops(p) && !now.get(p).is_some_and(|ts| ts.contains(t)));
+        for (p, t, added) in changes(before, now) {
+            if !added && drops(&p) {
+                self.0.entry((p, t)).or_insert(at);
+            }
+        }
+    }
+
+    /// After a start or reload: the Iceberg destinations of `on_drop = "drop"` pipelines whose table is not among
+    /// `now` — found by listing the destination catalogs and reading each name back through its template
+    /// ([`crate::pattern::unfill`]) — are gone since their [`GONE_PROPERTY`] mark (marked now when they have none and
+    /// record progress, i.e. are replicas). A template without `{namespace}` cannot be read back: such destinations
+    /// wait for their table to go while the service runs.
+    pub(crate) async fn scan(&mut self, cfg: &ServiceConfig, now: &Discovered) {
+        let mut listings: HashMap<String, Vec<String>> = HashMap::new();
+        for pl in cfg.pipelines.iter().filter(|pl| pl.source.on_drop == OnDrop::Drop) {
+            let Some(patterns) = pl.source.patterns() else { continue };
+            let found = now.get(&pl.name).cloned().unwrap_or_default();
+            for sink in &pl.sinks {
+                let SinkConfig::Iceberg(t) = sink else { continue };
+                let Some(c) = cfg.catalogs.get(&t.catalog) else { continue };
+                let Ok(catalog) = Catalog::shared(c, &t.catalog).await else { continue };
+                if !listings.contains_key(&t.catalog) {
+                    match catalog.list_tables().await {
+                        Ok((names, _)) => listings.insert(t.catalog.clone(), names),
+                        Err(e) => {
+                            tracing::warn!(catalog = %t.catalog, error = %e, "cannot list the destination catalog for replicas of dropped tables; trying again at the next start or reload");
+                            continue;
+                        }
+                    };
+                }
+                for dest in &listings[&t.catalog] {
+                    let Some(table) = crate::pattern::unfill(&t.table, dest, |n| patterns.matches(n) && !found.iter().any(|f| f == n)) else { continue };
+                    let Ok(replica) = catalog.load_table(dest).await else { continue };
+                    let since = match replica.metadata().properties().get(GONE_PROPERTY).and_then(|m| marked_since(m)) {
+                        Some(since) => since,
+                        None if !progress_uuids(&replica).is_empty() => {
+                            if let Err(e) = mark_one(c, &t.catalog, dest, &table, false).await {
+                                tracing::warn!(destination = %dest, error = %e, "could not mark the replica of a gone table");
+                            }
+                            SystemTime::now()
+                        }
+                        None => continue, // not a replica of ours
+                    };
+                    let at = self.0.entry((pl.name.clone(), table)).or_insert(since);
+                    *at = (*at).min(since);
+                }
+            }
+        }
+    }
+
+    /// Drops the Iceberg destinations of tables gone for their pipeline's `drop_grace`, where this instance owns the
+    /// table's pipeline, the destination is marked gone, and no table of `now` is named to it. A table is forgotten
+    /// once all its destinations are dropped (or were never there); a failed drop is tried again at the next
+    /// discovery.
+    pub(crate) async fn drop_due(&mut self, cfg: &ServiceConfig, now: &Discovered, owns: &Owns, telemetry: &Telemetry) {
+        let due: Vec<(String, String)> = self
+            .0
+            .iter()
+            .filter(|((p, t), since)| {
+                let grace = cfg.pipelines.iter().find(|pl| pl.name == *p).map(|pl| pl.source.drop_grace()).unwrap_or_default();
+                SystemTime::now().duration_since(**since).is_ok_and(|d| d >= grace) && owns(&format!("{p}:{t}"))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (p, t) in due {
+            let Some(pl) = cfg.pipelines.iter().find(|pl| pl.name == p) else { continue };
+            let named: BTreeSet<String> =
+                now.get(&p).into_iter().flatten().flat_map(|n| iceberg_destinations(cfg, pl, n)).map(|(_, l, d)| format!("{l}:{d}")).collect();
+            let mut done = true;
+            for (c, label, dest) in iceberg_destinations(cfg, pl, &t) {
+                if named.contains(&format!("{label}:{dest}")) {
+                    continue; // the destination of a table followed now
+                }
+                match drop_marked(c, label, &dest).await {
+                    Ok(Some(true)) => telemetry.destination_dropped(&p, &t, &dest, None),
+                    Ok(Some(false)) => {} // renamed or dropped meanwhile
+                    Ok(None) => done = false, // not marked yet: the mark comes after the loop stopped
+                    Err(e) => {
+                        telemetry.destination_dropped(&p, &t, &dest, Some(&e));
+                        done = false;
+                    }
+                }
+            }
+            if done {
+                self.0.remove(&(p, t));
+            }
+        }
+    }
+}
+
+/// Drops destination `dest` when it is marked gone: `Some(true)` dropped, `Some(false)` it does not exist (renamed,
+/// dropped by hand), `None` it is not marked.
+async fn drop_marked(c: &CatalogConfig, label: &str, dest: &str) -> crate::error::Result<Option<bool>> {
+    let catalog = Catalog::shared(c, label).await?;
+    match catalog.load_table(dest).await {
+        Ok(t) if t.metadata().properties().contains_key(GONE_PROPERTY) => {}
+        Ok(_) => return Ok(None),
+        Err(crate::error::Error::TableNotFound { .. }) => return Ok(Some(false)),
+        Err(e) => return Err(e),
+    }
+    match catalog.drop_table(dest).await {
+        Ok(()) => Ok(Some(true)),
+        Err(crate::error::Error::TableNotFound { .. }) => Ok(Some(false)),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -299,5 +501,63 @@ table = "replica.all"
         let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(text) else { panic!("refused") };
         assert!(problems.iter().any(|p| p.contains("not both")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("would receive every table") && p.contains("sinks[0]")), "{problems:?}");
+    }
+
+    #[test]
+    fn gone_tables_of_drop_pipelines_wait_from_when_they_went_and_are_forgotten_when_back() {
+        let text = r#"
+[catalogs.lake]
+type = "hadoop"
+warehouse = "/tmp/lake"
+[[pipelines]]
+name = "s"
+source = { catalog = "lake", tables = ["a.*"], on_drop = "drop", drop_grace = "1h" }
+[[pipelines.sinks]]
+type = "iceberg"
+catalog = "lake"
+table = "r.{namespace}_{table}"
+"#;
+        let cfg = ServiceConfig::parse(text).unwrap();
+        assert_eq!(cfg.pipelines[0].source.drop_grace(), std::time::Duration::from_secs(3600));
+        let d = |ts: &[&str]| Discovered::from([("s".to_string(), ts.iter().map(|t| t.to_string()).collect())]);
+        let (t0, t1) = (SystemTime::UNIX_EPOCH, SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60));
+        let mut gone = Gone::default();
+        gone.follow(&cfg, &d(&["a.x", "a.y"]), &d(&["a.y"]), t0);
+        gone.follow(&cfg, &d(&["a.y"]), &d(&[]), t1);
+        let key = |t: &str| ("s".to_string(), t.to_string());
+        assert_eq!(gone.0, BTreeMap::from([(key("a.x"), t0), (key("a.y"), t1)]));
+        // a.x comes back: forgotten; a.y goes again: still since it first went
+        gone.follow(&cfg, &d(&[]), &d(&["a.x"]), t1);
+        assert_eq!(gone.0, BTreeMap::from([(key("a.y"), t1)]));
+        // the pipeline keeps its replicas now: nothing is waiting to be dropped
+        let keep = ServiceConfig::parse(&text.replace(r#", on_drop = "drop", drop_grace = "1h""#, "")).unwrap();
+        gone.follow(&keep, &d(&["a.x"]), &d(&[]), t1);
+        assert!(gone.0.is_empty());
+        // the mark's time is read back after a restart
+        let since = marked_since("2026-12-06T10:00:00Z a.x: the source table is gone").unwrap();
+        assert_eq!(since.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(), 1_796_551_200);
+    }
+
+    #[test]
+    fn drop_and_rename_policies_belong_to_patterns() {
+        let text = r#"
+[catalogs.lake]
+type = "hadoop"
+warehouse = "/tmp/lake"
+[[pipelines]]
+name = "s"
+source = { catalog = "lake", table = "a.b", on_drop = "drop", on_rename = "new", drop_grace = "1h" }
+[[pipelines.sinks]]
+type = "iceberg"
+catalog = "lake"
+table = "r.b"
+"#;
+        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(text) else { panic!("refused") };
+        for key in ["on_drop", "on_rename", "drop_grace"] {
+            assert!(problems.iter().any(|p| p.contains(&format!("source.{key}: only for a source of `tables` patterns"))), "{key}: {problems:?}");
+        }
+        let text = text.replace(r#"table = "a.b", on_drop = "drop", on_rename = "new","#, r#"tables = ["a.*"],"#).replace("r.b", "r.{table}");
+        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(&text) else { panic!("refused") };
+        assert!(problems.iter().any(|p| p.contains("drop_grace: only with on_drop = \"drop\"")), "{problems:?}");
     }
 }

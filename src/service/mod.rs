@@ -134,7 +134,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(5)).min(Duration::from_secs(5)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut discoverer = discover::Discoverer::start(cfg.clone(), found.clone(), telemetry.clone());
+    let mut discoverer = discover::Discoverer::start(cfg.clone(), found.clone(), ownership.owner(), telemetry.clone());
     let mut hup = signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -192,7 +192,7 @@ pub async fn run(path: &Path, overrides: Overrides, external_stop: Option<watch:
                         }
                         current = new;
                         // the pipelines as the file says now, with the tables found so far; discovery follows
-                        discoverer.reconfigure(current.clone());
+                        discoverer.reconfigure(current.clone(), ownership.owner());
                         reload(&mut running, ownership.runs(&current, &found), &telemetry, &limits).await;
                         telemetry.reloaded(None);
                     }
@@ -231,6 +231,17 @@ enum Ownership {
 }
 
 impl Ownership {
+    /// Whether this instance owns a pipeline (by name), for another task; it follows the cluster's assignment.
+    fn owner(&self) -> discover::Owns {
+        match self {
+            Ownership::Shard(shard) => {
+                let shard = *shard;
+                Arc::new(move |pipeline: &str| shard.is_none_or(|s| s.owns(pipeline)))
+            }
+            Ownership::Cluster(m) => Arc::new(m.owner()),
+        }
+    }
+
     /// The runs of `cfg` (its patterns' tables as `found`) this instance owns now.
     fn runs(&self, cfg: &ServiceConfig, found: &config::Discovered) -> Vec<Run> {
         match self {

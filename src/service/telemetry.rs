@@ -228,7 +228,7 @@ impl Telemetry {
         registry.register("cdc_discovered_tables", "Tables a pipeline of table patterns stands for (kind=\"ok\")", t.discovered_tables.clone());
         registry.register(
             "cdc_discovery_table_changes",
-            "Tables a pipeline of table patterns gained (kind=\"added\") or lost (kind=\"gone\": dropped, renamed or excluded) at a discovery",
+            "Tables a pipeline of table patterns gained (kind=\"added\") or lost (kind=\"gone\": dropped, renamed or excluded) at a discovery; destinations renamed with their table (kind=\"renamed\", \"rename_failed\") and dropped after drop_grace (kind=\"dropped\", \"drop_failed\")",
             t.discovery_changes.clone(),
         );
         registry.register("cdc_discovery_lists", "Listings of a catalog's tables for discovery, by outcome (ok, failed)", t.discovery_lists.clone());
@@ -545,6 +545,38 @@ impl Telemetry {
         }
         self.discovery_changes.get_or_create(&l("added")).inc_by(added.len() as u64);
         self.discovery_changes.get_or_create(&l("gone")).inc_by(gone.len() as u64);
+    }
+
+    /// Event: the destination `from` of table `table` of pipeline `pipeline`, renamed in its source to `to`, was
+    /// renamed to `renamed` (`error`: it could not be; the new name is then replicated as a new table).
+    pub(crate) fn table_renamed(&self, pipeline: &str, table: &str, to: &str, from: &str, renamed: &str, error: Option<&Error>) {
+        let l = |kind: &str| DiscoveryLabels { name: pipeline.into(), kind: kind.into() };
+        match error {
+            None => {
+                tracing::info!(pipeline, table, renamed_to = to, destination = from, destination_now = renamed, "source table renamed; its destination renamed with it, replication goes on from its progress");
+                self.discovery_changes.get_or_create(&l("renamed")).inc();
+            }
+            Some(e) => {
+                tracing::warn!(pipeline, table, renamed_to = to, destination = from, error = %e, "source table renamed, but its destination could not be renamed; the new name is replicated as a new table and the old destination stays");
+                self.discovery_changes.get_or_create(&l("rename_failed")).inc();
+            }
+        }
+    }
+
+    /// Event: destination `destination` of table `table` (gone for its `drop_grace`) was dropped (`error`: it could
+    /// not be; tried again at the next discovery).
+    pub(crate) fn destination_dropped(&self, pipeline: &str, table: &str, destination: &str, error: Option<&Error>) {
+        let l = |kind: &str| DiscoveryLabels { name: pipeline.into(), kind: kind.into() };
+        match error {
+            None => {
+                tracing::warn!(pipeline, table, destination, "the source table has been gone for drop_grace: its destination was dropped (its data files stay)");
+                self.discovery_changes.get_or_create(&l("dropped")).inc();
+            }
+            Some(e) => {
+                tracing::warn!(pipeline, table, destination, error = %e, "could not drop the destination of a gone table; trying again at the next discovery");
+                self.discovery_changes.get_or_create(&l("drop_failed")).inc();
+            }
+        }
     }
 
     /// The last configuration reload, for `/status`.

@@ -363,6 +363,15 @@ impl Metastore for GlueCatalog {
         self.glue_table(db, name).await
     }
 
+    /// `DeleteTable` (Glue has no rename: the default refusal stands).
+    async fn drop(&self, db: &str, name: &str) -> Result<bool> {
+        match self.call("DeleteTable", json!({"DatabaseName": db, "Name": name}), false).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == "EntityNotFoundException" => Ok(false),
+            Err(e) => Err(self.error(&format!("cannot drop table {db}.{name}"), e)),
+        }
+    }
+
     /// `GetDatabases`, then `GetTables` per database, each followed through its `NextToken`s (only Iceberg tables are
     /// listed).
     async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)> {

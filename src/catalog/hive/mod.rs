@@ -532,6 +532,31 @@ impl Metastore for HiveCatalog {
         Ok((out, calls))
     }
 
+    /// `alter_table_with_environment_context` with the record's database and name changed (the table is external:
+    /// the Metastore moves no file).
+    async fn rename(&self, from: (&str, &str), to: (&str, &str)) -> Result<()> {
+        let (db, name) = from;
+        let mut t = self.hms_table(db, name).await?.ok_or_else(|| Error::TableNotFound { catalog: self.label(), table: format!("{db}.{name}") })?;
+        self.database_location(to.0).await?;
+        t.set(table::DB, Value::str(to.0));
+        t.set(table::NAME, Value::str(to.1));
+        let env = Struct::of([(1, Value::string_map([("DO_NOT_UPDATE_STATS", "true")]))]);
+        let args = vec![Value::str(db), Value::str(name), Value::Struct(t), Value::Struct(env)];
+        self.call("alter_table_with_environment_context", args, Idempotent::No)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error(&format!("cannot rename table {db}.{name} to {}.{}", to.0, to.1), e))
+    }
+
+    /// `drop_table` with `deleteData = false`.
+    async fn drop(&self, db: &str, name: &str) -> Result<bool> {
+        match self.call("drop_table", vec![Value::str(db), Value::str(name), Value::Bool(false)], Idempotent::No).await {
+            Ok(_) => Ok(true),
+            Err(CallError::Declared { field: 1, .. }) => Ok(false), // NoSuchObjectException
+            Err(e) => Err(self.error(&format!("cannot drop table {db}.{name}"), e)),
+        }
+    }
+
     async fn swap(&self, change: &Change<'_>) -> std::result::Result<(), Refusal> {
         let (db, name) = (change.db, change.name);
         let lock = self.lock(db, name).await.map_err(Refusal::Refused)?;
