@@ -1116,15 +1116,17 @@ fn wait_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
 
 /// Whether the hadoop target `table` records `source`'s current snapshot and holds the same rows.
 async fn caught_up(target_wh: &Path, table: &str, source: &Table) -> bool {
-    let cat = Catalog::connect(
-        &Config::parse(&format!("[source]\ntable = \"{table}\"\n[source.catalog]\ntype = \"hadoop\"\nwarehouse = \"{}\"\n", target_wh.display()))
-            .unwrap()
-            .source
-            .catalog,
-        "t",
-    )
-    .await
-    .unwrap();
+    caught_up_in(&catalog_at("hadoop", target_wh).await, table, source).await
+}
+
+/// A catalog of kind `kind` (hadoop, sql) over warehouse `wh`.
+async fn catalog_at(kind: &str, wh: &Path) -> Catalog {
+    let text = format!("[source]\ntable = \"x.y\"\n[source.catalog]\ntype = \"{kind}\"\nwarehouse = \"{}\"\n", wh.display());
+    Catalog::connect(&Config::parse(&text).unwrap().source.catalog, "t").await.unwrap()
+}
+
+/// Whether `table` of catalog `cat` records `source`'s head as applied, and then holds its rows.
+async fn caught_up_in(cat: &Catalog, table: &str, source: &Table) -> bool {
     let Ok(t) = cat.load_table(table).await else { return false };
     let Some(p) = iceberg_cdc::sink::iceberg::progress::read(t.metadata(), &source.metadata().uuid().to_string()) else { return false };
     if Some(p.source_snapshot_id) != source.metadata().current_snapshot_id() {
@@ -2344,6 +2346,101 @@ async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
     assert!(mark.contains("sales.items: the source table is gone"), "{mark:?}: {}", log());
     assert!(wait_until(10, || http_get(port, "/readyz").0 == 200), "{}", http_get(port, "/readyz").1);
 
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+}
+
+/// Issue 53: a table renamed in the source keeps its replica — renamed with it, replication going on from its
+/// progress (no copy from scratch) — and with `on_drop = "drop"` a dropped table's replica is dropped once the table
+/// has been gone for `drop_grace`, also when it went while the service was stopped (the first discovery after the
+/// start finds its replica through the sink's template).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes_after_its_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, _, wh) = quickstart_table(dir.path()).await;
+    for name in ["sales.orders", "sales.items", "sales.old"] {
+        let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+        let t = catalog.create_table(name, creation).await.unwrap();
+        quickstart::commit_changes(&catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap();
+    }
+    let rw = dir.path().join("replica");
+    let port = free_port();
+    let cfg = dir.path().join("service.toml");
+    let toml = format!(
+        "[service]\npoll_interval = \"200ms\"\ndiscover_interval = \"1s\"\nmetrics_address = \"127.0.0.1:{port}\"\nshutdown_timeout = \"10s\"\n\n\
+         [catalogs.lake]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n[catalogs.replica]\ntype = \"sql\"\nwarehouse = \"{}\"\n\n\
+         [[pipelines]]\nname = \"sales\"\nsource = {{ catalog = \"lake\", tables = [\"sales.*\"], on_drop = \"drop\", drop_grace = \"3s\" }}\n\n\
+         [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"replica\"\ntable = \"replica_{{namespace}}.{{table}}\"\n",
+        wh.display(),
+        rw.display()
+    );
+    std::fs::write(&cfg, toml).unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
+    let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    let replica = catalog_at("sql", &rw).await;
+    let equal = |source: &'static str, target: &'static str| {
+        let (catalog, replica) = (&catalog, &replica);
+        async move {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while std::time::Instant::now() < end {
+                if caught_up_in(replica, target, &catalog.load_table(source).await.unwrap()).await {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            false
+        }
+    };
+    for t in ["orders", "items", "old"] {
+        assert!(equal(Box::leak(format!("sales.{t}").into_boxed_str()), Box::leak(format!("replica_sales.{t}").into_boxed_str())).await, "{}", log());
+    }
+    let first_snapshot = |t: &Table| t.metadata().snapshots().min_by_key(|s| s.sequence_number()).map(|s| s.snapshot_id());
+    let before = first_snapshot(&replica.load_table("replica_sales.orders").await.unwrap());
+
+    // renamed in the source (as Spark's ALTER TABLE … RENAME TO does on a JDBC catalog: the row changes its name)
+    let db = rusqlite::Connection::open(wh.join("catalog.db")).unwrap();
+    db.execute("UPDATE iceberg_tables SET table_name = 'orders_v2' WHERE table_namespace = 'sales' AND table_name = 'orders'", []).unwrap();
+    let t = catalog.load_table("sales.orders_v2").await.unwrap();
+    quickstart::commit_changes(&catalog, &t, &[(3, "after the rename", 3)], &[1]).await.unwrap();
+    assert!(equal("sales.orders_v2", "replica_sales.orders_v2").await, "{}", log());
+    let renamed = replica.load_table("replica_sales.orders_v2").await.unwrap();
+    let history: Vec<_> = renamed.metadata().snapshots().map(|s| (s.snapshot_id(), s.summary().operation.clone(), s.summary().additional_properties.clone())).collect();
+    assert_eq!(first_snapshot(&renamed), before, "the replica was renamed and went on, not copied from scratch: {history:?} {}", log());
+    assert!(matches!(replica.load_table("replica_sales.orders").await, Err(iceberg_cdc::error::Error::TableNotFound { .. })));
+    let m = http_get(port, "/metrics").1;
+    assert_eq!(metric(&m, "cdc_discovery_table_changes_total", "kind=\"renamed\""), Some(1.0), "{m}");
+
+    // dropped: marked at once, dropped after the grace
+    db.execute("DELETE FROM iceberg_tables WHERE table_namespace = 'sales' AND table_name = 'items'", []).unwrap();
+    let gone = |name: &'static str| {
+        let replica = &replica;
+        async move {
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while std::time::Instant::now() < end {
+                if matches!(replica.load_table(name).await, Err(iceberg_cdc::error::Error::TableNotFound { .. })) {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            false
+        }
+    };
+    let t0 = std::time::Instant::now();
+    assert!(gone("replica_sales.items").await, "{}", log());
+    assert!(t0.elapsed() >= std::time::Duration::from_secs(2), "dropped before its grace: {:?}", t0.elapsed());
+    assert!(wait_until(10, || metric(&http_get(port, "/metrics").1, "cdc_discovery_table_changes_total", "kind=\"dropped\"") == Some(1.0)), "{}", log());
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
+
+    // dropped while the service was stopped: found at the start, dropped after the grace
+    db.execute("DELETE FROM iceberg_tables WHERE table_namespace = 'sales' AND table_name = 'old'", []).unwrap();
+    std::fs::remove_file(dir.path().join("notify.sock")).unwrap();
+    let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
+    assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
+    assert!(gone("replica_sales.old").await, "{}", log());
+    // what is followed stays
+    assert!(equal("sales.orders_v2", "replica_sales.orders_v2").await, "{}", log());
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
 }
