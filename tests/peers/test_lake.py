@@ -2,7 +2,8 @@
 Iceberg REST catalog server (paginated list calls per namespace) and Spark's hadoop warehouse (a directory walk) —
 while Spark creates, writes and drops tables. Every matched table's replica, read back by Spark, equals its source;
 excluded and unmatched tables are not replicated; a table Spark creates while the service runs is found at the next
-discovery; a dropped one stops its loop and keeps its replica."""
+discovery; a dropped one stops its loop and keeps its replica (or, with `on_drop = "drop"`, its replica goes after the grace);
+a renamed one keeps its replica, renamed with it."""
 import subprocess
 import signal
 import uuid
@@ -83,3 +84,55 @@ def test_pattern_pipelines_follow_tables_spark_creates_and_drops(spark, warehous
     assert "tmp_scratch" not in text and "audit" not in text, "excluded and unmatched tables are never followed"
     assert sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN {CAT}.r_{rest_ns}").collect()) == ["orders", "returns"]
     assert sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN {CAT}.h_{lake_ns}").collect()) == ["errors", "events"]
+
+
+def test_a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes(spark, rest_catalog, tmp_path):
+    """Spark renames a partitioned table and drops another while the service runs (`on_drop = "drop"`), replicas in
+    the REST catalog: the renamed table's replica is renamed with it and goes on from its progress (its first snapshot
+    stays), read back by Spark equal to its source; the dropped table's replica leaves the catalog after the grace."""
+    ns = f"ren_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS rest_cat.{ns}")
+    spark.sql(f"CREATE TABLE rest_cat.{ns}.orders (id BIGINT NOT NULL, v STRING) USING iceberg PARTITIONED BY (bucket(4, id)) "
+              "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
+    spark.sql(f"ALTER TABLE rest_cat.{ns}.orders SET IDENTIFIER FIELDS id")
+    spark.sql(f"INSERT INTO rest_cat.{ns}.orders VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(40)))
+    make(spark, f"rest_cat.{ns}.items", 10)
+    svc = tmp_path / "service.toml"
+    svc.write_text(
+        f'[service]\npoll_interval = "500ms"\ndiscover_interval = "1s"\nmetrics_address = "off"\n\n'
+        f'[catalogs.rest]\ntype = "rest"\nuri = "{rest_catalog}"\n\n'
+        f'[[pipelines]]\nname = "lake"\nsource = {{ catalog = "rest", tables = ["{ns}.*"], on_drop = "drop", drop_grace = "2s" }}\n'
+        f'[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "rest"\ntable = "r_{{namespace}}.{{table}}"\n'
+    )
+
+    def same(src, dst):
+        return wait_until(lambda: rows(spark, dst) == rows(spark, src), 90)
+
+    def replicas():
+        return sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN rest_cat.r_{ns}").collect())
+
+    def first_snapshot(name):
+        spark.sql(f"REFRESH TABLE {name}")
+        return spark.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at LIMIT 1").collect()[0][0]
+
+    log_path = tmp_path / "svc.log"
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([CDC, "run", "--config", str(svc)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert same(f"rest_cat.{ns}.orders", f"rest_cat.r_{ns}.orders"), log_path.read_text()[-3000:]
+            assert same(f"rest_cat.{ns}.items", f"rest_cat.r_{ns}.items"), log_path.read_text()[-3000:]
+            first = first_snapshot(f"rest_cat.r_{ns}.orders")
+            spark.sql(f"ALTER TABLE rest_cat.{ns}.orders RENAME TO {ns}.orders_v2")  # the new name is within the catalog
+            spark.sql(f"UPDATE rest_cat.{ns}.orders_v2 SET v = 'after' WHERE id < 5")
+            assert same(f"rest_cat.{ns}.orders_v2", f"rest_cat.r_{ns}.orders_v2"), log_path.read_text()[-3000:]
+            assert first_snapshot(f"rest_cat.r_{ns}.orders_v2") == first, "renamed and gone on, not copied from scratch"
+            assert "its destination renamed with it" in log_path.read_text()
+            spark.sql(f"DROP TABLE rest_cat.{ns}.items")
+            assert wait_until(lambda: replicas() == ["orders_v2"], 60), (replicas(), log_path.read_text()[-3000:])
+            assert "its destination was dropped" in log_path.read_text()
+            spark.sql(f"DELETE FROM rest_cat.{ns}.orders_v2 WHERE id >= 30")
+            assert same(f"rest_cat.{ns}.orders_v2", f"rest_cat.r_{ns}.orders_v2"), log_path.read_text()[-3000:]
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(60)
+    assert rc == 0, log_path.read_text()[-3000:]
