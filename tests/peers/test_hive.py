@@ -10,6 +10,7 @@ Iceberg 1.10 through Iceberg's HiveCatalog (`type = hive`):
 import signal
 import subprocess
 import threading
+import uuid
 from collections import Counter
 
 import pytest
@@ -252,3 +253,56 @@ def test_a_sync_of_patterns_lists_the_metastore_and_copies_each_match(spark, hiv
     checked = run_cdc("check", "--config", str(svc), check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"match hive: 2 tables: {NS}.mor_v2, {NS}.mor_v3" in checked.stdout, checked.stdout
+
+
+def test_a_table_spark_renames_in_the_metastore_keeps_its_replica(spark, hive_metastore, warehouse, tmp_path):
+    """Issue 53 on a Hive Metastore: Spark renames a partitioned source table while a pattern pipeline follows it; the
+    replica (in the Metastore too) is renamed with it by `alter_table` and goes on from its progress — its first
+    snapshot stays — and Spark reads it equal to its source; a table dropped with `on_drop = "drop"` loses its replica
+    after the grace (`drop_table`, files kept)."""
+    db = f"hren_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS hive_cat.{db}")
+    for name, part in [("orders", "PARTITIONED BY (bucket(4, id))"), ("items", "")]:
+        spark.sql(f"CREATE TABLE hive_cat.{db}.{name} (id BIGINT NOT NULL, v STRING) USING iceberg {part} "
+                  "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
+        spark.sql(f"ALTER TABLE hive_cat.{db}.{name} SET IDENTIFIER FIELDS id")
+        spark.sql(f"INSERT INTO hive_cat.{db}.{name} VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(20)))
+    cfg = tmp_path / "service.toml"
+    cfg.write_text(
+        '[service]\npoll_interval = "500ms"\ndiscover_interval = "1s"\nmetrics_address = "off"\nshutdown_timeout = "20s"\n\n'
+        f'[catalogs.hms]\ntype = "hive"\nuri = "{hive_metastore}"\nwarehouse = "file://{warehouse}/hive-wh"\n\n'
+        f'[[pipelines]]\nname = "hive"\nsource = {{ catalog = "hms", tables = ["{db}.*"], on_drop = "drop", drop_grace = "2s" }}\n\n'
+        '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "hms"\ntable = "{namespace}_r.{table}"\n'
+    )
+
+    def rows(name):
+        spark.sql(f"REFRESH TABLE {name}")
+        return Counter(tuple(r) for r in spark.table(name).collect())
+
+    def same(src, dst):
+        return wait_until(lambda: rows(dst) == rows(src), 90)
+
+    def first_snapshot(name):
+        spark.sql(f"REFRESH TABLE {name}")
+        return spark.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at LIMIT 1").collect()[0][0]
+
+    def replicas():
+        return sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN hive_cat.{db}_r").collect())
+
+    log_path = tmp_path / "svc.log"
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([CDC, "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for name in ["orders", "items"]:
+                assert same(f"hive_cat.{db}.{name}", f"hive_cat.{db}_r.{name}"), log_path.read_text()[-3000:]
+            first = first_snapshot(f"hive_cat.{db}_r.orders")
+            spark.sql(f"ALTER TABLE hive_cat.{db}.orders RENAME TO {db}.orders_v2")
+            spark.sql(f"UPDATE hive_cat.{db}.orders_v2 SET v = 'after' WHERE id < 5")
+            assert same(f"hive_cat.{db}.orders_v2", f"hive_cat.{db}_r.orders_v2"), log_path.read_text()[-3000:]
+            assert first_snapshot(f"hive_cat.{db}_r.orders_v2") == first, "renamed and gone on, not copied from scratch"
+            spark.sql(f"DROP TABLE hive_cat.{db}.items")
+            assert wait_until(lambda: replicas() == ["orders_v2"], 60), (replicas(), log_path.read_text()[-3000:])
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(60)
+    assert rc == 0, log_path.read_text()[-3000:]
