@@ -6,6 +6,7 @@
 #     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours), pyiceberg 0.12 (a reader not ours)
 #   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
 #   - the Apache Hive Metastore 3.1 and 4.0 (scripts/hive-metastore.sh install), and pyiceberg's Hive extra (thrift)
+#   - from Debian's packages: promtool (prometheus) and chromium (headless), for the operations tests
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,4 +50,15 @@ PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
 test -d "$PEERS_DIR/hive/lib"
 HIVE_VERSION="${HIVE4_VERSION:-4.0.1}" PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
 test -d "$PEERS_DIR/hive4/home/lib"
+# Debian packages: promtool (package prometheus) for the alert rules' tests, chromium for the status page's
+debs=()
+command -v promtool >/dev/null || debs+=(prometheus)
+command -v chromium >/dev/null || debs+=(chromium)
+if [ ${#debs[@]} -gt 0 ]; then
+  echo "setup-peers: installing Debian packages ${debs[*]}" >&2
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${debs[@]}" >&2
+fi
+command -v promtool >/dev/null && command -v chromium >/dev/null
 echo "setup-peers: ready ($PEERS_DIR)" >&2

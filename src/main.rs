@@ -58,6 +58,10 @@ enum Cmd {
     Check {
         #[arg(long)]
         config: PathBuf,
+        /// Only validate the file and list what each pipeline of table patterns matches: no table is loaded (quick
+        /// on a lake of thousands of tables).
+        #[arg(long)]
+        matches_only: bool,
     },
     /// Print the main-branch lineage of the source table.
     Snapshots {
@@ -463,8 +467,8 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
                 ))));
             }
         }
-        Cmd::Check { config } => {
-            if !iceberg_cdc::service::check(&config).await? {
+        Cmd::Check { config, matches_only } => {
+            if !iceberg_cdc::service::check(&config, matches_only).await? {
                 return Err(anyhow::Error::new(Error::Catalog {
                     catalog: "check".into(),
                     message: "some pipelines cannot reach their catalog or table (see above)".into(),

@@ -1,5 +1,7 @@
-//! `/metrics`, `/healthz`, `/readyz` and `/status` (JSON, what `cdc status` reads) on a thread of their own (with a single-threaded runtime), so they answer
-//! while the pipelines keep the main runtime's workers busy with a large snapshot.
+//! `/metrics`, `/healthz`, `/readyz`, `/status` (JSON, what `cdc status` reads) and the status page at `/` (HTML that
+//! shows `/status`, refreshing itself; `status.html`, no external asset) on a thread of their own (with a
+//! single-threaded runtime), so they answer while the pipelines keep the main runtime's workers busy with a large
+//! snapshot.
 //!
 //! A deliberately small HTTP/1.1 responder: GET only, one request per connection, bounded request size and time.
 use std::net::SocketAddr;
@@ -12,6 +14,8 @@ use crate::error::{Error, Result};
 use crate::service::telemetry::Telemetry;
 
 const MAX_REQUEST: usize = 8 * 1024;
+/// The status page served at `/`.
+const STATUS_PAGE: &str = include_str!("status.html");
 
 /// Binds `addr` (failing now, not later, when it is taken) and serves on a background thread.
 pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration, instance: String) -> Result<()> {
@@ -36,7 +40,7 @@ pub fn serve(addr: SocketAddr, telemetry: Arc<Telemetry>, stall: Duration, insta
             });
         })
         .map_err(|e| Error::Internal(format!("cannot start the metrics thread: {e}")))?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz, /status");
+    tracing::info!(%addr, "serving / (status page), /metrics, /healthz, /readyz, /status");
     Ok(())
 }
 
@@ -89,7 +93,8 @@ async fn answer(sock: &mut tokio::net::TcpStream, t: &Telemetry, stall: Duration
             }
         }
         ("GET", "/status") => ("200 OK", "application/json", status_json(t, stall, instance)),
-        ("GET", _) => ("404 Not Found", "text/plain", "try /metrics, /healthz, /readyz or /status\n".to_string()),
+        ("GET", "/") => ("200 OK", "text/html; charset=utf-8", STATUS_PAGE.to_string()),
+        ("GET", _) => ("404 Not Found", "text/plain", "try / (the status page), /metrics, /healthz, /readyz or /status\n".to_string()),
         _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());

@@ -678,4 +678,41 @@ mod tests {
         assert!(t.statuses()[0].1.registered > first && !t.statuses()[0].1.started, "a restarted loop starts afresh");
         assert!(t.encode().contains("cdc_pipelines_configured 1"), "{}", t.encode());
     }
+
+    /// The shipped Grafana dashboard and Prometheus rules (`docker/`) name only series this service exports: a
+    /// renamed metric must take them along.
+    #[test]
+    fn the_dashboard_and_the_alert_rules_name_only_exported_series() {
+        // what the registry is given (an empty family is not encoded at all): each name registered, with the unit's
+        // suffix it may carry and the suffixes of its samples
+        let source = include_str!("telemetry.rs");
+        let mut exported = std::collections::BTreeSet::new();
+        for (at, _) in source.match_indices("\"cdc_") {
+            let name = &source[at + 1..][..source[at + 1..].find('"').unwrap_or(0)];
+            for unit in ["", "_seconds", "_bytes"] {
+                for sample in ["", "_total", "_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{unit}{sample}"));
+                }
+            }
+        }
+        assert!(exported.contains("cdc_replication_lag_seconds") && exported.contains("cdc_commits_total"), "{exported:?}");
+        for (file, text) in [
+            ("docker/grafana/cdc-dashboard.json", include_str!("../../docker/grafana/cdc-dashboard.json")),
+            ("docker/prometheus/cdc-rules.yml", include_str!("../../docker/prometheus/cdc-rules.yml")),
+        ] {
+            let bytes = text.as_bytes();
+            let mut named = 0;
+            for (at, _) in text.match_indices("cdc_") {
+                let before = at.checked_sub(1).map(|i| bytes[i]);
+                if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'/' || b == b'.') {
+                    continue; // part of another word (a file name, a uid)
+                }
+                let end = text[at..].find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(text.len(), |n| at + n);
+                let name = &text[at..end];
+                assert!(exported.contains(name), "{file} names `{name}`, which the service does not export");
+                named += 1;
+            }
+            assert!(named >= 8, "{file}: only {named} series named");
+        }
+    }
 }
