@@ -9,7 +9,7 @@ use iceberg_cdc::pipeline;
 use iceberg_cdc::spec::lineage::{self, Bound};
 
 #[derive(Parser)]
-#[command(name = "cdc", version, about = "Change data capture for Apache Iceberg tables")]
+#[command(name = "cdc", version = VERSION, about = "Change data capture for Apache Iceberg tables")]
 struct Cli {
     /// Log filter (also RUST_LOG), e.g. `info`, `iceberg_cdc=debug`.
     #[arg(long, global = true, default_value = "warn")]
@@ -20,6 +20,9 @@ struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+/// `cdc --version`: the crate's version and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CDC_COMMIT"), ")");
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum LogFormat {
@@ -113,6 +116,12 @@ enum Cmd {
         #[arg(long)]
         changes_only: bool,
     },
+    /// Print a shell completion script: `cdc completions bash > /usr/share/bash-completion/completions/cdc`.
+    Completions {
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `cdc man > /usr/share/man/man1/cdc.1`.
+    Man,
 }
 
 #[derive(Args)]
@@ -423,6 +432,13 @@ async fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Quickstart { dir, changes_only } => {
             iceberg_cdc::quickstart::run(&dir, changes_only).await?;
+        }
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut <Cli as clap::CommandFactory>::command(), "cdc", &mut std::io::stdout());
+        }
+        Cmd::Man => {
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            page.render(&mut std::io::stdout()).map_err(|e| Error::Internal(format!("writing the man page: {e}")))?;
         }
         Cmd::Run { config, shard, metrics_address } => {
             let shard =

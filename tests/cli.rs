@@ -2507,3 +2507,27 @@ async fn a_sync_of_patterns_copies_each_matching_table_and_a_failed_one_stops_no
     assert_eq!(code(&refused), exit::CONFIG);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("would receive every table"), "{}", String::from_utf8_lossy(&refused.stderr));
 }
+
+/// Issue 54: `cdc --version` names the commit it was built from; `cdc completions <shell>` and `cdc man` print what
+/// shells and `man` load, covering every subcommand.
+#[test]
+fn version_names_the_commit_and_completions_and_the_man_page_cover_every_command() {
+    let version = ok(cdc(&["--version"]));
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert!(version.starts_with(&format!("cdc {} (commit ", env!("CARGO_PKG_VERSION"))), "{version}");
+    if std::env::var("CDC_COMMIT").is_err() && !head.is_empty() {
+        // built from this checkout (a build between two commits names the one it was built at)
+        assert!(version.contains("(commit ") && !version.contains("unknown"), "{version}");
+    }
+    let bash = ok(cdc(&["completions", "bash"]));
+    let zsh = ok(cdc(&["completions", "zsh"]));
+    let man = ok(cdc(&["man"]));
+    assert!(man.contains(".TH cdc 1") && man.contains("Change data capture"), "{man}");
+    for sub in ["run", "status", "check", "changes", "sync", "snapshots", "quickstart", "completions"] {
+        assert!(bash.contains(&format!("cdc__{sub}")) || bash.contains(&format!("cdc,{sub}")), "bash completion lacks {sub}");
+        assert!(zsh.contains(&format!("'{sub}:")) || zsh.contains(&format!("({sub})")), "zsh completion lacks {sub}");
+        assert!(man.contains(&format!("cdc\\-{sub}")) || man.contains(sub), "man page lacks {sub}");
+    }
+    assert!(code(&cdc(&["completions", "nosuchshell"])) != 0);
+}
