@@ -7,7 +7,8 @@
 #     the Kubernetes Python client (its API models validate docker/kubernetes offline)
 #   - Apache Kafka 4.1 and Kafka Connect (scripts/kafka.sh install)
 #   - the Apache Hive Metastore 3.1 and 4.0 (scripts/hive-metastore.sh install), and pyiceberg's Hive extra (thrift)
-#   - from Debian's packages: promtool (prometheus) and chromium (headless), for the operations tests
+#   - from Debian's packages: promtool (prometheus), chromium (headless), podman, buildah, crun and debootstrap, for the
+#     operations tests; the container base image (scripts/base-image.sh)
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -51,15 +52,30 @@ PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
 test -d "$PEERS_DIR/hive/lib"
 HIVE_VERSION="${HIVE4_VERSION:-4.0.1}" PEERS_DIR="$PEERS_DIR" bash "$here/scripts/hive-metastore.sh" install
 test -d "$PEERS_DIR/hive4/home/lib"
-# Debian packages: promtool (package prometheus) for the alert rules' tests, chromium for the status page's
+# Debian packages: promtool (package prometheus) for the alert rules' tests, chromium for the status page's, podman
+# (rootful) with buildah, crun and debootstrap for the container image's
 debs=()
 command -v promtool >/dev/null || debs+=(prometheus)
 command -v chromium >/dev/null || debs+=(chromium)
+command -v podman >/dev/null || debs+=(podman)
+command -v buildah >/dev/null || debs+=(buildah)
+command -v crun >/dev/null || debs+=(crun)
+command -v debootstrap >/dev/null || debs+=(debootstrap)
+sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
 if [ ${#debs[@]} -gt 0 ]; then
   echo "setup-peers: installing Debian packages ${debs[*]}" >&2
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${debs[@]}" >&2
 fi
-command -v promtool >/dev/null && command -v chromium >/dev/null
+command -v promtool >/dev/null && command -v chromium >/dev/null && command -v podman >/dev/null
+# crun refuses a hybrid cgroup layout whose cgroup2 part still holds a controller (this machine leaves hugetlb there):
+# bind each such controller to a v1 hierarchy of its own, as the others are
+if [ -s /sys/fs/cgroup/unified/cgroup.controllers ]; then
+  for c in $(cat /sys/fs/cgroup/unified/cgroup.controllers); do
+    echo "setup-peers: moving cgroup controller $c from cgroup2 to a v1 hierarchy (for crun)" >&2
+    $sudo mkdir -p "/sys/fs/cgroup/$c" && $sudo mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
+  done
+fi
+# the container base image, made from Debian's packages (no image registry is reachable)
+$sudo bash "$here/scripts/base-image.sh" >&2
 echo "setup-peers: ready ($PEERS_DIR)" >&2
