@@ -54,6 +54,10 @@ impl Discoverer {
             let mut last = first;
             let mut gone = Gone::default();
             let mut scan = true;
+            // the listed catalogs stay connected between discoveries: what a listing learnt (a Hive Metastore's
+            // table kinds) serves the next one
+            let first_cfg = cfg_rx.borrow().0.clone();
+            let mut _held = hold(&first_cfg).await;
             loop {
                 if scan {
                     // after a start or reload: the destinations of tables that went while nobody watched
@@ -72,6 +76,7 @@ impl Discoverer {
                 // a reload starts from the listing alone: tables a `stop` pipeline kept for their missing table leave
                 let before = if reconfigured { Discovered::new() } else { last.clone() };
                 let now = if cfg.has_patterns() { discover(&cfg, &before, &telemetry).await } else { Discovered::new() };
+                _held = hold(&cfg).await;
                 follow_renames(&cfg, &last, &now, &owns, &telemetry).await;
                 gone.follow(&cfg, &last, &now, SystemTime::now());
                 gone.drop_due(&cfg, &now, &owns, &telemetry).await;
@@ -123,6 +128,18 @@ pub(crate) async fn discover(cfg: &ServiceConfig, before: &Discovered, telemetry
         telemetry.tables_discovered(pipeline, tables.len(), &added, &gone);
     }
     found
+}
+
+/// The catalogs `cfg`'s pipelines of patterns list, connected (shared with every other user of each).
+async fn hold(cfg: &ServiceConfig) -> Vec<Arc<Catalog>> {
+    let mut out = Vec::new();
+    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
+        let Some(c) = cfg.catalogs.get(&pl.source.catalog) else { continue };
+        if let Ok(c) = Catalog::shared(c, &pl.source.catalog).await {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One listing of each catalog a pipeline of `cfg` names by patterns (in the order first named): its name, the
