@@ -18,6 +18,8 @@ trap 'kill "$setup_pid" 2>/dev/null || true' EXIT # a failed build does not leav
 phase "format + lints"
 cargo fmt --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; exit 1; }
 cargo clippy --all-targets --locked -- -D warnings || { echo "cargo clippy failed" >&2; exit 1; }
+# the slim build (no Kafka, Hive or Glue) must build too
+cargo clippy --all-targets --locked --no-default-features -- -D warnings || { echo "cargo clippy --no-default-features failed" >&2; exit 1; }
 
 # A hung test must fail the run, showing where it hung, long before CI's own limit: past the deadline the thread
 # stacks of every test process and cdc child still running go to stderr (gdb, where installed), then all of it is

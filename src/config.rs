@@ -228,9 +228,16 @@ fn default_txn_bytes() -> u64 {
     64 * 1024 * 1024
 }
 
+/// Why a Kafka sink or `[cluster]` cannot be used by a build without the `kafka` cargo feature.
+pub(crate) const LEFT_OUT_KAFKA: &str =
+    "this cdc was built without Kafka (sinks of type \"kafka\", [cluster]); build it with `--features kafka` (on by default)";
+
 impl KafkaConfig {
     /// Every problem of this section (`at`: where it is, for messages).
     pub fn validate(&self, at: &str, p: &mut Vec<String>) {
+        if !cfg!(feature = "kafka") {
+            p.push(format!("{at}: {LEFT_OUT_KAFKA}"));
+        }
         if self.bootstrap_servers.trim().is_empty() {
             p.push(format!("{at}.bootstrap_servers: required (host:port of the brokers)"));
         }

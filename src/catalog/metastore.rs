@@ -48,7 +48,7 @@ pub(crate) trait Metastore: Send + Sync + 'static {
     async fn list_iceberg_tables(&self) -> Result<(Vec<TableIdent>, usize)>;
     /// Renames `from` (database, name) to `to`, creating `to`'s database when missing; the files stay.
     async fn rename(&self, from: (&str, &str), _to: (&str, &str)) -> Result<()> {
-        Err(Error::catalog(&self.label(), format!("{}.{}: {} cannot rename tables", from.0, from.1, Self::NAME), false))
+        Err(Error::catalog(self.label(), format!("{}.{}: {} cannot rename tables", from.0, from.1, Self::NAME), false))
     }
     /// Removes the record of `db.name` (the files stay); `false` when there was none.
     async fn drop(&self, db: &str, name: &str) -> Result<bool>;

@@ -5,9 +5,12 @@
 //! Commits of hand-built snapshots (row deltas) go through [`Catalog::commit`]: iceberg-rust 0.10.1 keeps
 //! `TableCommit` sealed, so for file-based catalogs we apply the updates to the metadata ourselves and swap the
 //! pointer atomically (a new `vN.metadata.json` for hadoop, a compare-and-set row update for sql).
+#[cfg(feature = "glue")]
 pub(crate) mod glue;
 mod hadoop;
+#[cfg(feature = "hive")]
 pub(crate) mod hive;
+#[cfg(any(feature = "hive", feature = "glue"))]
 mod metastore;
 pub(crate) mod rest;
 mod sql;
@@ -27,8 +30,10 @@ use crate::config::{split_table_name, CatalogConfig, CatalogType};
 use crate::error::{Error, Result};
 use crate::storage::{self, CdcStorageFactory};
 
+#[cfg(feature = "glue")]
 pub use glue::GlueCatalog;
 pub use hadoop::HadoopCatalog;
+#[cfg(feature = "hive")]
 pub use hive::HiveCatalog;
 
 /// Default name of the sqlite catalog (the `catalog_name` column of its tables).
@@ -45,8 +50,14 @@ impl CatalogConfig {
             CatalogType::Sql => sql::validate(self, field, p),
             CatalogType::Rest => rest::validate(self, field, p),
             CatalogType::Biglake => rest::validate_biglake(self, field, p),
+            #[cfg(feature = "hive")]
             CatalogType::Hive => hive::validate(self, field, p),
+            #[cfg(feature = "glue")]
             CatalogType::Glue => glue::validate(self, field, p),
+            #[cfg(not(feature = "hive"))]
+            CatalogType::Hive => p.push(format!("{field}.type: {}", left_out("hive"))),
+            #[cfg(not(feature = "glue"))]
+            CatalogType::Glue => p.push(format!("{field}.type: {}", left_out("glue"))),
         }
         if let Some(a) = self.props.get(rest::keys::AUTH) {
             if a != "google" {
@@ -94,6 +105,12 @@ pub(crate) trait Backend: Send + Sync {
     }
 }
 
+/// Why a catalog of kind `feature` cannot be used by a build without that cargo feature.
+#[cfg(not(all(feature = "hive", feature = "glue")))]
+fn left_out(feature: &str) -> String {
+    format!("this cdc was built without the `{feature}` catalog; build it with `--features {feature}` (on by default)")
+}
+
 /// How a [`Backend::swap`] ended.
 pub(crate) enum Swapped {
     /// It applied: the table as it is now.
@@ -132,8 +149,14 @@ impl Catalog {
             CatalogType::Hadoop => hadoop::connect(cfg),
             CatalogType::Sql => sql::connect(cfg, label).await?,
             CatalogType::Rest | CatalogType::Biglake => rest::connect(cfg, label).await?,
+            #[cfg(feature = "hive")]
             CatalogType::Hive => hive::connect(cfg)?,
+            #[cfg(feature = "glue")]
             CatalogType::Glue => glue::connect(cfg)?,
+            #[cfg(not(feature = "hive"))]
+            CatalogType::Hive => return Err(Error::Config(vec![left_out("hive")])),
+            #[cfg(not(feature = "glue"))]
+            CatalogType::Glue => return Err(Error::Config(vec![left_out("glue")])),
         };
         Ok(Catalog { backend })
     }

@@ -73,6 +73,7 @@ pub struct ClusterConfig {
 
 impl ClusterConfig {
     /// The control topic's name.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub fn topic(&self) -> String {
         self.topic.clone().unwrap_or_else(|| format!("{}.pipelines", self.group))
     }
@@ -369,6 +370,9 @@ impl ServiceConfig {
             p.push(format!("service.workers: {w} — between 1 and 256 runs at once"));
         }
         if let Some(c) = &self.cluster {
+            if !cfg!(feature = "kafka") {
+                p.push(format!("cluster: {}", crate::config::LEFT_OUT_KAFKA));
+            }
             if c.bootstrap_servers.trim().is_empty() {
                 p.push("cluster.bootstrap_servers: give the Kafka brokers, host:port".into());
             }

@@ -32,6 +32,10 @@
 //! systemd (`Type=notify`): `READY=1` once the configuration is valid and every catalog was tried; `WATCHDOG=1` at
 //! half of `WatchdogSec` only while no loop is overdue; `STATUS=` with a one-line lag summary; `STOPPING=1` on
 //! shutdown.
+#[cfg(feature = "kafka")]
+mod cluster;
+#[cfg(not(feature = "kafka"))]
+#[path = "cluster_off.rs"]
 mod cluster;
 pub(crate) mod config;
 mod discover;

@@ -19,6 +19,7 @@
 pub mod fanout;
 pub mod iceberg;
 pub mod jsonl;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod testing;
 
@@ -31,6 +32,7 @@ use crate::error::{Error, Result};
 /// The destinations `cfg` lists, in commit order (Iceberg tables before the others), each owning its catalog or
 /// client. `pipeline` names the pipeline (a Kafka sink's transactional id derives from it).
 pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Vec<Box<dyn Sink>>> {
+    let _ = pipeline; // only a Kafka sink's transactional id uses it
     if cfg.sinks.is_empty() {
         return Err(Error::Config(vec![
             "[target], [kafka] or [[sinks]]: a run needs a destination (an Iceberg table, a Kafka topic, or both)".into()
@@ -42,7 +44,10 @@ pub async fn open(cfg: &Config, pipeline: &str, lifetime: Lifetime) -> Result<Ve
     for s in ordered {
         sinks.push(match s {
             SinkConfig::Iceberg(t) => Box::new(iceberg::IcebergSink::open(t.clone(), cfg.engine.memory_budget, lifetime).await?),
+            #[cfg(feature = "kafka")]
             SinkConfig::Kafka(k) => Box::new(kafka::KafkaSink::new(k.clone(), pipeline.to_string(), cfg.engine.memory_budget)),
+            #[cfg(not(feature = "kafka"))]
+            SinkConfig::Kafka(_) => return Err(Error::Config(vec![crate::config::LEFT_OUT_KAFKA.into()])),
             SinkConfig::Jsonl(j) => Box::new(jsonl::JsonlSink::new(j.clone(), cfg.engine.memory_budget)),
         });
     }
