@@ -117,9 +117,7 @@ enum Cmd {
         changes_only: bool,
     },
     /// Print a shell completion script: `cdc completions bash > /usr/share/bash-completion/completions/cdc`.
-    Completions {
-        shell: clap_complete::Shell,
-    },
+    Completions { shell: clap_complete::Shell },
     /// Print the man page (roff): `cdc man > /usr/share/man/man1/cdc.1`.
     Man,
 }

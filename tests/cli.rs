@@ -2359,7 +2359,8 @@ async fn a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes_after_its_gra
     let dir = tempfile::tempdir().unwrap();
     let (catalog, _, wh) = quickstart_table(dir.path()).await;
     for name in ["sales.orders", "sales.items", "sales.old"] {
-        let creation = iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
+        let creation =
+            iceberg::TableCreation::builder().name(name.rsplit('.').next().unwrap().into()).schema(quickstart::demo_schema().unwrap()).build();
         let t = catalog.create_table(name, creation).await.unwrap();
         quickstart::commit_changes(&catalog, &t, &[(1, name, 1), (2, name, 2)], &[]).await.unwrap();
     }
@@ -2405,7 +2406,8 @@ async fn a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes_after_its_gra
     quickstart::commit_changes(&catalog, &t, &[(3, "after the rename", 3)], &[1]).await.unwrap();
     assert!(equal("sales.orders_v2", "replica_sales.orders_v2").await, "{}", log());
     let renamed = replica.load_table("replica_sales.orders_v2").await.unwrap();
-    let history: Vec<_> = renamed.metadata().snapshots().map(|s| (s.snapshot_id(), s.summary().operation.clone(), s.summary().additional_properties.clone())).collect();
+    let history: Vec<_> =
+        renamed.metadata().snapshots().map(|s| (s.snapshot_id(), s.summary().operation.clone(), s.summary().additional_properties.clone())).collect();
     assert_eq!(first_snapshot(&renamed), before, "the replica was renamed and went on, not copied from scratch: {history:?} {}", log());
     assert!(matches!(replica.load_table("replica_sales.orders").await, Err(iceberg_cdc::error::Error::TableNotFound { .. })));
     let m = http_get(port, "/metrics").1;
@@ -2429,7 +2431,11 @@ async fn a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes_after_its_gra
     let t0 = std::time::Instant::now();
     assert!(gone("replica_sales.items").await, "{}", log());
     assert!(t0.elapsed() >= std::time::Duration::from_secs(2), "dropped before its grace: {:?}", t0.elapsed());
-    assert!(wait_until(10, || metric(&http_get(port, "/metrics").1, "cdc_discovery_table_changes_total", "kind=\"dropped\"") == Some(1.0)), "{}", log());
+    assert!(
+        wait_until(10, || metric(&http_get(port, "/metrics").1, "cdc_discovery_table_changes_total", "kind=\"dropped\"") == Some(1.0)),
+        "{}",
+        log()
+    );
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, 15, log).success(), "{}", log());
 

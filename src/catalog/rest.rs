@@ -694,7 +694,8 @@ impl RestClient {
     /// A change of the catalog that is no commit (rename, drop): one request; `404` is [`Error::TableNotFound`].
     async fn write(&self, method: Method, url: &str, body: Option<&serde_json::Value>, ident: &TableIdent) -> Result<()> {
         self.token().await?;
-        let resp = self.send(method, url, body, None).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), e.is_connect()).with_cause(e))?;
+        let resp =
+            self.send(method, url, body, None).await.map_err(|e| Error::catalog(&self.label, format!("{url}: {e}"), e.is_connect()).with_cause(e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
             StatusCode::NOT_FOUND => Err(Error::TableNotFound { catalog: self.label.clone(), table: ident.to_string() }),

@@ -334,7 +334,9 @@ impl Gone {
                     };
                 }
                 for dest in &listings[&t.catalog] {
-                    let Some(table) = crate::pattern::unfill(&t.table, dest, |n| patterns.matches(n) && !found.iter().any(|f| f == n)) else { continue };
+                    let Some(table) = crate::pattern::unfill(&t.table, dest, |n| patterns.matches(n) && !found.iter().any(|f| f == n)) else {
+                        continue;
+                    };
                     let Ok(replica) = catalog.load_table(dest).await else { continue };
                     let since = match replica.metadata().properties().get(GONE_PROPERTY).and_then(|m| marked_since(m)) {
                         Some(since) => since,
@@ -378,7 +380,7 @@ impl Gone {
                 }
                 match drop_marked(c, label, &dest).await {
                     Ok(Some(true)) => telemetry.destination_dropped(&p, &t, &dest, None),
-                    Ok(Some(false)) => {} // renamed or dropped meanwhile
+                    Ok(Some(false)) => {}     // renamed or dropped meanwhile
                     Ok(None) => done = false, // not marked yet: the mark comes after the loop stopped
                     Err(e) => {
                         telemetry.destination_dropped(&p, &t, &dest, Some(&e));

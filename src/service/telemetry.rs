@@ -553,7 +553,14 @@ impl Telemetry {
         let l = |kind: &str| DiscoveryLabels { name: pipeline.into(), kind: kind.into() };
         match error {
             None => {
-                tracing::info!(pipeline, table, renamed_to = to, destination = from, destination_now = renamed, "source table renamed; its destination renamed with it, replication goes on from its progress");
+                tracing::info!(
+                    pipeline,
+                    table,
+                    renamed_to = to,
+                    destination = from,
+                    destination_now = renamed,
+                    "source table renamed; its destination renamed with it, replication goes on from its progress"
+                );
                 self.discovery_changes.get_or_create(&l("renamed")).inc();
             }
             Some(e) => {
@@ -569,7 +576,12 @@ impl Telemetry {
         let l = |kind: &str| DiscoveryLabels { name: pipeline.into(), kind: kind.into() };
         match error {
             None => {
-                tracing::warn!(pipeline, table, destination, "the source table has been gone for drop_grace: its destination was dropped (its data files stay)");
+                tracing::warn!(
+                    pipeline,
+                    table,
+                    destination,
+                    "the source table has been gone for drop_grace: its destination was dropped (its data files stay)"
+                );
                 self.discovery_changes.get_or_create(&l("dropped")).inc();
             }
             Some(e) => {

@@ -544,7 +544,10 @@ impl Metastore for HiveCatalog {
             };
             if !unknown.is_empty() {
                 calls += 1;
-                let req = Struct::of([(1, Value::str(db.clone())), (2, Value::List { elem: 11, items: unknown.iter().cloned().map(Value::str).collect() })]);
+                let req = Struct::of([
+                    (1, Value::str(db.clone())),
+                    (2, Value::List { elem: 11, items: unknown.iter().cloned().map(Value::str).collect() }),
+                ]);
                 let tables = match self.call("get_table_objects_by_name_req", vec![Value::Struct(req)], Idempotent::Yes).await {
                     Ok(Some(Value::Struct(result))) => match result.get(1) {
                         Some(Value::List { items, .. }) => items.clone(),
