@@ -1140,6 +1140,18 @@ async fn caught_up_in(cat: &Catalog, table: &str, source: &Table) -> bool {
     true
 }
 
+/// Whether `target` of `replica` catches up with `source` of `catalog` (loaded afresh each time) within `secs`.
+async fn replica_catches_up(replica: &Catalog, target: &str, catalog: &Catalog, source: &str, secs: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if caught_up_in(replica, target, &catalog.load_table(source).await.unwrap()).await {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    false
+}
+
 async fn wait_caught_up(target_wh: &Path, table: &str, catalog: &Catalog, secs: u64) -> bool {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while std::time::Instant::now() < end {
@@ -2282,19 +2294,8 @@ async fn a_pipeline_of_patterns_follows_the_tables_of_a_namespace() {
     let (mut child, notify) = spawn_watched_service(dir.path(), &cfg);
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
-    let equal = |source: &'static str, target: &'static str, secs: u64| {
-        let (catalog, tw) = (&catalog, &tw);
-        async move {
-            let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-            while std::time::Instant::now() < end {
-                if caught_up(tw, target, &catalog.load_table(source).await.unwrap()).await {
-                    return true;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            false
-        }
-    };
+    let replica = catalog_at("hadoop", &tw).await;
+    let equal = |source: &'static str, target: &'static str, secs: u64| replica_catches_up(&replica, target, &catalog, source, secs);
     assert!(equal("sales.orders", "replica_sales.orders", 30).await, "{}", log());
     assert!(equal("sales.items", "replica_sales.items", 30).await, "{}", log());
     for left_out in ["replica_sales/tmp_x", "replica_hr/people"] {
@@ -2380,21 +2381,9 @@ async fn a_renamed_table_keeps_its_replica_and_a_dropped_ones_goes_after_its_gra
     let log = || std::fs::read_to_string(dir.path().join("service.log")).unwrap_or_default();
     assert!(notify.wait_for("READY=1", 30), "no READY=1: {}", log());
     let replica = catalog_at("sql", &rw).await;
-    let equal = |source: &'static str, target: &'static str| {
-        let (catalog, replica) = (&catalog, &replica);
-        async move {
-            let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while std::time::Instant::now() < end {
-                if caught_up_in(replica, target, &catalog.load_table(source).await.unwrap()).await {
-                    return true;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            false
-        }
-    };
+    let equal = |source: &'static str, target: &'static str| replica_catches_up(&replica, target, &catalog, source, 30);
     for t in ["orders", "items", "old"] {
-        assert!(equal(Box::leak(format!("sales.{t}").into_boxed_str()), Box::leak(format!("replica_sales.{t}").into_boxed_str())).await, "{}", log());
+        assert!(replica_catches_up(&replica, &format!("replica_sales.{t}"), &catalog, &format!("sales.{t}"), 30).await, "{}", log());
     }
     let first_snapshot = |t: &Table| t.metadata().snapshots().min_by_key(|s| s.sequence_number()).map(|s| s.snapshot_id());
     let before = first_snapshot(&replica.load_table("replica_sales.orders").await.unwrap());

@@ -478,21 +478,18 @@ table = "copy.{table}"
         assert!(cfg.has_patterns());
     }
 
+    /// A file of one pipeline `name` on a hadoop catalog `lake`, its source (`{ … }`) and its Iceberg sink's table.
+    fn one_pipeline(name: &str, source: &str, table: &str) -> String {
+        format!(
+            "[catalogs.lake]\ntype = \"hadoop\"\nwarehouse = \"/tmp/lake\"\n[[pipelines]]\nname = \"{name}\"\nsource = {source}\n\
+                 [[pipelines.sinks]]\ntype = \"iceberg\"\ncatalog = \"lake\"\ntable = \"{table}\"\n"
+        )
+    }
+
     #[test]
     fn a_stop_pipeline_keeps_its_gone_tables_and_changes_name_what_came_and_went() {
-        let text = r#"
-[catalogs.lake]
-type = "hadoop"
-warehouse = "/tmp/lake"
-[[pipelines]]
-name = "s"
-source = { catalog = "lake", tables = ["a.*"], on_drop = "stop" }
-[[pipelines.sinks]]
-type = "iceberg"
-catalog = "lake"
-table = "r.{table}"
-"#;
-        let cfg = ServiceConfig::parse(text).unwrap();
+        let text = one_pipeline("s", r#"{ catalog = "lake", tables = ["a.*"], on_drop = "stop" }"#, "r.{table}");
+        let cfg = ServiceConfig::parse(&text).unwrap();
         let before = Discovered::from([("s".to_string(), vec!["a.gone".to_string(), "a.kept".into()])]);
         let listing = vec!["a.kept".to_string(), "a.new".into()];
         let found = select(&cfg, &BTreeMap::from([("lake", Some(listing))]), &before);
@@ -505,38 +502,16 @@ table = "r.{table}"
 
     #[test]
     fn a_pattern_whose_sink_does_not_name_each_table_is_refused() {
-        let text = r#"
-[catalogs.lake]
-type = "hadoop"
-warehouse = "/tmp/lake"
-[[pipelines]]
-name = "all"
-source = { catalog = "lake", tables = ["sales.*"], table = "sales.orders" }
-[[pipelines.sinks]]
-type = "iceberg"
-catalog = "lake"
-table = "replica.all"
-"#;
-        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(text) else { panic!("refused") };
+        let text = one_pipeline("all", r#"{ catalog = "lake", tables = ["sales.*"], table = "sales.orders" }"#, "replica.all");
+        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(&text) else { panic!("refused") };
         assert!(problems.iter().any(|p| p.contains("not both")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("would receive every table") && p.contains("sinks[0]")), "{problems:?}");
     }
 
     #[test]
     fn gone_tables_of_drop_pipelines_wait_from_when_they_went_and_are_forgotten_when_back() {
-        let text = r#"
-[catalogs.lake]
-type = "hadoop"
-warehouse = "/tmp/lake"
-[[pipelines]]
-name = "s"
-source = { catalog = "lake", tables = ["a.*"], on_drop = "drop", drop_grace = "1h" }
-[[pipelines.sinks]]
-type = "iceberg"
-catalog = "lake"
-table = "r.{namespace}_{table}"
-"#;
-        let cfg = ServiceConfig::parse(text).unwrap();
+        let text = one_pipeline("s", r#"{ catalog = "lake", tables = ["a.*"], on_drop = "drop", drop_grace = "1h" }"#, "r.{namespace}_{table}");
+        let cfg = ServiceConfig::parse(&text).unwrap();
         assert_eq!(cfg.pipelines[0].source.drop_grace(), std::time::Duration::from_secs(3600));
         let d = |ts: &[&str]| Discovered::from([("s".to_string(), ts.iter().map(|t| t.to_string()).collect())]);
         let (t0, t1) = (SystemTime::UNIX_EPOCH, SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(60));
@@ -559,19 +534,8 @@ table = "r.{namespace}_{table}"
 
     #[test]
     fn drop_and_rename_policies_belong_to_patterns() {
-        let text = r#"
-[catalogs.lake]
-type = "hadoop"
-warehouse = "/tmp/lake"
-[[pipelines]]
-name = "s"
-source = { catalog = "lake", table = "a.b", on_drop = "drop", on_rename = "new", drop_grace = "1h" }
-[[pipelines.sinks]]
-type = "iceberg"
-catalog = "lake"
-table = "r.b"
-"#;
-        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(text) else { panic!("refused") };
+        let text = one_pipeline("s", r#"{ catalog = "lake", table = "a.b", on_drop = "drop", on_rename = "new", drop_grace = "1h" }"#, "r.b");
+        let Err(crate::error::Error::Config(problems)) = ServiceConfig::parse(&text) else { panic!("refused") };
         for key in ["on_drop", "on_rename", "drop_grace"] {
             assert!(problems.iter().any(|p| p.contains(&format!("source.{key}: only for a source of `tables` patterns"))), "{key}: {problems:?}");
         }

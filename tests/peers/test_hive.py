@@ -18,6 +18,7 @@ import pytest
 from conftest import CDC, cdc_changes, free_port, run_cdc, spark_table, target_section, wait_until
 from spark_workloads import create, workload
 from test_spark_changelog import actual_changes, expected_changes, lineage as changelog_lineage, spark_rows
+from test_lake import first_snapshot, make, same
 from test_spark_sync import assert_replica, assert_sync_survives_a_concurrent_commit, cols_at, lineage, rows_of, source_cols, target_rows
 
 NS = "hdb"
@@ -262,11 +263,8 @@ def test_a_table_spark_renames_in_the_metastore_keeps_its_replica(spark, hive_me
     after the grace (`drop_table`, files kept)."""
     db = f"hren_{uuid.uuid4().hex[:6]}"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS hive_cat.{db}")
-    for name, part in [("orders", "PARTITIONED BY (bucket(4, id))"), ("items", "")]:
-        spark.sql(f"CREATE TABLE hive_cat.{db}.{name} (id BIGINT NOT NULL, v STRING) USING iceberg {part} "
-                  "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read')")
-        spark.sql(f"ALTER TABLE hive_cat.{db}.{name} SET IDENTIFIER FIELDS id")
-        spark.sql(f"INSERT INTO hive_cat.{db}.{name} VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(20)))
+    make(spark, f"hive_cat.{db}.orders", 20, "bucket(4, id)")
+    make(spark, f"hive_cat.{db}.items", 20)
     cfg = tmp_path / "service.toml"
     cfg.write_text(
         '[service]\npoll_interval = "500ms"\ndiscover_interval = "1s"\nmetrics_address = "off"\nshutdown_timeout = "20s"\n\n'
@@ -274,17 +272,6 @@ def test_a_table_spark_renames_in_the_metastore_keeps_its_replica(spark, hive_me
         f'[[pipelines]]\nname = "hive"\nsource = {{ catalog = "hms", tables = ["{db}.*"], on_drop = "drop", drop_grace = "2s" }}\n\n'
         '[[pipelines.sinks]]\ntype = "iceberg"\ncatalog = "hms"\ntable = "{namespace}_r.{table}"\n'
     )
-
-    def rows(name):
-        spark.sql(f"REFRESH TABLE {name}")
-        return Counter(tuple(r) for r in spark.table(name).collect())
-
-    def same(src, dst):
-        return wait_until(lambda: rows(dst) == rows(src), 90)
-
-    def first_snapshot(name):
-        spark.sql(f"REFRESH TABLE {name}")
-        return spark.sql(f"SELECT snapshot_id FROM {name}.snapshots ORDER BY committed_at LIMIT 1").collect()[0][0]
 
     def replicas():
         return sorted(r.tableName for r in spark.sql(f"SHOW TABLES IN hive_cat.{db}_r").collect())
@@ -294,12 +281,12 @@ def test_a_table_spark_renames_in_the_metastore_keeps_its_replica(spark, hive_me
         p = subprocess.Popen([CDC, "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
         try:
             for name in ["orders", "items"]:
-                assert same(f"hive_cat.{db}.{name}", f"hive_cat.{db}_r.{name}"), log_path.read_text()[-3000:]
-            first = first_snapshot(f"hive_cat.{db}_r.orders")
+                assert same(spark, f"hive_cat.{db}.{name}", f"hive_cat.{db}_r.{name}"), log_path.read_text()[-3000:]
+            first = first_snapshot(spark, f"hive_cat.{db}_r.orders")
             spark.sql(f"ALTER TABLE hive_cat.{db}.orders RENAME TO {db}.orders_v2")
             spark.sql(f"UPDATE hive_cat.{db}.orders_v2 SET v = 'after' WHERE id < 5")
-            assert same(f"hive_cat.{db}.orders_v2", f"hive_cat.{db}_r.orders_v2"), log_path.read_text()[-3000:]
-            assert first_snapshot(f"hive_cat.{db}_r.orders_v2") == first, "renamed and gone on, not copied from scratch"
+            assert same(spark, f"hive_cat.{db}.orders_v2", f"hive_cat.{db}_r.orders_v2"), log_path.read_text()[-3000:]
+            assert first_snapshot(spark, f"hive_cat.{db}_r.orders_v2") == first, "renamed and gone on, not copied from scratch"
             spark.sql(f"DROP TABLE hive_cat.{db}.items")
             assert wait_until(lambda: replicas() == ["orders_v2"], 60), (replicas(), log_path.read_text()[-3000:])
         finally:
