@@ -41,6 +41,7 @@ pub const UPLOAD_CHUNK: usize = 16 * 1024 * 1024;
 pub const MIN_UPLOAD_CHUNK: usize = 5 * 1024 * 1024;
 
 /// Storage property keys we read (the names Iceberg's Java FileIOs use).
+#[cfg_attr(not(all(feature = "gcs", feature = "s3")), allow(dead_code))]
 pub mod props {
     pub const GCS_ENDPOINT: &str = "gcs.service.path";
     /// Java's name of the same setting.
@@ -120,6 +121,7 @@ pub trait StorageCredentials: fmt::Debug + Send + Sync {
     async fn current(&self) -> Result<HashMap<String, String>>;
 
     /// The storage refused what [`Self::current`] returned (HTTP 401): fetch anew next time.
+    #[cfg_attr(not(feature = "gcs"), allow(dead_code))]
     async fn invalidate(&self) {}
 }
 
@@ -141,11 +143,13 @@ impl StorageCredentials for GoogleStorageToken {
 
 /// Sends OpenDAL's GCS requests with the bearer token of this moment (every attempt, retries included), and once more
 /// with a renewed token after a 401. Operators therefore live as long as the FileIO while tokens come and go.
+#[cfg(feature = "gcs")]
 struct BearerFetch {
     inner: opendal::HttpTransporter,
     credentials: Arc<dyn StorageCredentials>,
 }
 
+#[cfg(feature = "gcs")]
 impl BearerFetch {
     async fn authorize(&self, req: &mut http::Request<opendal::Buffer>) -> opendal::Result<()> {
         let props = self.credentials.current().await.map_err(|e| {
@@ -166,6 +170,7 @@ impl BearerFetch {
     }
 }
 
+#[cfg(feature = "gcs")]
 impl opendal::HttpTransport for BearerFetch {
     async fn fetch(&self, mut req: http::Request<opendal::Buffer>) -> opendal::Result<http::Response<opendal::HttpBody>> {
         // keep what is needed to send it again (the body is a cheap, shared buffer)
@@ -410,7 +415,18 @@ impl CdcStorage {
     }
 }
 
+/// Why `bucket` cannot be reached by a build without the storage's cargo `feature`.
+#[cfg(not(all(feature = "gcs", feature = "s3")))]
+fn left_out(bucket: &str, feature: &str) -> IcebergError {
+    IcebergError::new(
+        ErrorKind::FeatureUnsupported,
+        format!("bucket {bucket}: this cdc was built without the `{feature}` storage; build it with `--features {feature}` (on by default)"),
+    )
+}
+
 /// An operator for `bucket`; with `bearer`, GCS requests carry that source's current token instead of a fixed one.
+#[cfg_attr(not(feature = "gcs"), allow(unused_variables))]
+#[cfg_attr(not(any(feature = "gcs", feature = "s3")), allow(unreachable_code))]
 fn build_operator(
     scheme: Scheme,
     bucket: &str,
@@ -419,7 +435,12 @@ fn build_operator(
 ) -> iceberg::Result<Operator> {
     let err =
         |e: opendal::Error| IcebergError::new(ErrorKind::Unexpected, format!("cannot configure storage for bucket {bucket}: {e}")).with_source(e);
-    let op = match scheme {
+    let op: Operator = match scheme {
+        #[cfg(not(feature = "gcs"))]
+        Scheme::Gcs => return Err(left_out(bucket, "gcs")),
+        #[cfg(not(feature = "s3"))]
+        Scheme::S3 => return Err(left_out(bucket, "s3")),
+        #[cfg(feature = "gcs")]
         Scheme::Gcs => {
             let mut cfg = opendal::services::GcsConfig::default();
             cfg.bucket = bucket.to_string();
@@ -442,6 +463,7 @@ fn build_operator(
                 None => op,
             }
         }
+        #[cfg(feature = "s3")]
         Scheme::S3 => {
             let mut cfg = opendal::services::S3Config::default();
             cfg.bucket = bucket.to_string();
