@@ -133,10 +133,21 @@ pub(crate) async fn discover(cfg: &ServiceConfig, before: &Discovered, telemetry
 /// The catalogs `cfg`'s pipelines of patterns list, connected (shared with every other user of each).
 async fn hold(cfg: &ServiceConfig) -> Vec<Arc<Catalog>> {
     let mut out = Vec::new();
-    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
-        let Some(c) = cfg.catalogs.get(&pl.source.catalog) else { continue };
-        if let Ok(c) = Catalog::shared(c, &pl.source.catalog).await {
+    for (name, c) in pattern_catalogs(cfg) {
+        if let Ok(c) = Catalog::shared(c, name).await {
             out.push(c);
+        }
+    }
+    out
+}
+
+/// Each catalog a pipeline of `cfg` names by patterns, once, in the order first named.
+fn pattern_catalogs(cfg: &ServiceConfig) -> Vec<(&str, &CatalogConfig)> {
+    let mut out: Vec<(&str, &CatalogConfig)> = Vec::new();
+    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
+        let name = pl.source.catalog.as_str();
+        if let Some(c) = cfg.catalogs.get(name).filter(|_| out.iter().all(|(n, _)| *n != name)) {
+            out.push((name, c));
         }
     }
     out
@@ -145,10 +156,8 @@ async fn hold(cfg: &ServiceConfig) -> Vec<Arc<Catalog>> {
 /// One listing of each catalog a pipeline of `cfg` names by patterns (in the order first named): its name, the
 /// tables and catalog calls (or why it could not be listed), and the seconds it took.
 pub(crate) async fn list_catalogs(cfg: &ServiceConfig) -> Vec<(&str, crate::error::Result<(Vec<String>, usize)>, f64)> {
-    let mut out: Vec<(&str, _, f64)> = Vec::new();
-    for pl in cfg.pipelines.iter().filter(|pl| pl.source.patterns().is_some()) {
-        let name = pl.source.catalog.as_str();
-        let Some(c) = cfg.catalogs.get(name).filter(|_| out.iter().all(|(n, _, _)| *n != name)) else { continue };
+    let mut out = Vec::new();
+    for (name, c) in pattern_catalogs(cfg) {
         let t0 = Instant::now();
         let listed = match Catalog::shared(c, name).await {
             Ok(catalog) => catalog.list_tables().await,
