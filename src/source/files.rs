@@ -68,7 +68,7 @@ pub struct SnapshotFiles {
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let list = manifest_list(table, snapshot).await?;
     let mut out = SnapshotFiles { manifests_read: list.len(), ..Default::default() };
-    for (mf, manifest) in load(table, list, concurrency).await? {
+    for (mf, manifest) in load(table, list.to_vec(), concurrency).await? {
         add_entries(&mut out, table, &mf, &manifest, snapshot.snapshot_id(), None)?;
     }
     Ok(out)
@@ -89,7 +89,9 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 /// hold (a writer that reused another snapshot's manifests), every manifest is read, as [`plan`] does.
 pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let sid = snapshot.snapshot_id();
-    let (own, older): (Vec<_>, Vec<_>) = manifest_list(table, snapshot).await?.into_iter().partition(|mf| mf.added_snapshot_id == sid);
+    let list = manifest_list(table, snapshot).await?;
+    let (own, older): (Vec<&ManifestFile>, Vec<_>) = list.iter().partition(|mf| mf.added_snapshot_id == sid);
+    let own: Vec<ManifestFile> = own.into_iter().cloned().collect();
     let mut out = SnapshotFiles { manifests_read: own.len(), ..Default::default() };
     for (mf, manifest) in load(table, own, concurrency).await? {
         add_entries(&mut out, table, &mf, &manifest, sid, None)?;
@@ -101,7 +103,7 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     let (data, deletes): (Vec<_>, Vec<_>) = older.into_iter().partition(|mf| mf.content == ManifestContentType::Data);
     if !out.changed_deletes.is_empty() {
         let meta = table.metadata();
-        let wanted: Vec<_> = data.into_iter().filter(|mf| out.changed_deletes.iter().any(|d| may_hold_applicable(meta, mf, d))).collect();
+        let wanted: Vec<_> = data.into_iter().filter(|mf| out.changed_deletes.iter().any(|d| may_hold_applicable(meta, mf, d))).cloned().collect();
         out.manifests_read += wanted.len();
         // of these older files, only those a changed delete applies to can change (the others are left out before
         // anything of them is copied: a global equality delete reaches every manifest, rarely every file)
@@ -111,7 +113,7 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         }
     }
     let Some(lowest) = out.data_before.values().chain(out.data_after.values()).map(|f| f.seq).min() else { return Ok(out) };
-    let wanted: Vec<_> = deletes.into_iter().filter(|mf| mf.sequence_number >= lowest).collect();
+    let wanted: Vec<_> = deletes.into_iter().filter(|mf| mf.sequence_number >= lowest).cloned().collect();
     out.manifests_read += wanted.len();
     for (mf, manifest) in load(table, wanted, concurrency).await? {
         add_entries(&mut out, table, &mf, &manifest, sid, None)?;
@@ -165,13 +167,9 @@ fn partition_may_hold(partition_type: &StructType, summaries: &[FieldSummary], v
     })
 }
 
-/// The manifests `snapshot`'s manifest list names.
-async fn manifest_list(table: &Table, snapshot: &SnapshotRef) -> Result<Vec<ManifestFile>> {
-    let list = table.manifest_list_reader(snapshot).load().await.map_err(|e| {
-        Error::data(snapshot.manifest_list(), format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e)
-    })?;
-    // collected: the iterator iceberg-rust returns is not `Send`, and the planning futures must be (a sink compacts)
-    Ok(list.consume_entries().into_iter().collect())
+/// The manifests `snapshot`'s manifest list names ([`crate::spec::manifest_list`]: decoded by columns, cached).
+async fn manifest_list(table: &Table, snapshot: &SnapshotRef) -> Result<Arc<Vec<ManifestFile>>> {
+    crate::spec::manifest_list::read(table.file_io(), snapshot, table.metadata().format_version()).await
 }
 
 /// Reads `manifests`, `concurrency` at a time, through the process's cache of parsed manifests ([`cached`]).

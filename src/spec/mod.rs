@@ -4,6 +4,7 @@
 pub(crate) mod dv;
 pub(crate) mod integrity;
 pub mod lineage;
+pub(crate) mod manifest_list;
 pub(crate) mod name_mapping;
 #[cfg(test)]
 mod parser_props;

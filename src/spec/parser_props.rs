@@ -82,8 +82,16 @@ proptest! {
         let bytes = mutate(&bytes, &e);
         for v in [iceberg::spec::FormatVersion::V1, iceberg::spec::FormatVersion::V2, iceberg::spec::FormatVersion::V3] {
             let _ = iceberg::spec::ManifestList::parse_with_version(&bytes, v);
+            let _ = crate::spec::manifest_list::parse(&bytes, v);
         }
         let _ = iceberg::spec::Manifest::parse_avro(&bytes);
+    }
+
+    #[test]
+    fn a_damaged_manifest_list_spark_wrote_parses_or_refuses(e in edits()) {
+        super::bound_avro_allocations();
+        let list = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/manifest-lists/spark-v2.avro")).unwrap();
+        let _ = crate::spec::manifest_list::parse(&mutate(&list, &e), iceberg::spec::FormatVersion::V2);
     }
 
     #[test]
@@ -129,6 +137,7 @@ fn an_avro_header_claiming_a_huge_map_is_an_error_not_an_abort() {
         bytes.extend_from_slice(b"\x08avro");
         assert!(iceberg::spec::Manifest::parse_avro(&bytes).is_err(), "{count}");
         assert!(iceberg::spec::ManifestList::parse_with_version(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
+        assert!(crate::spec::manifest_list::parse(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
     }
 }
 

@@ -198,7 +198,7 @@ impl RowDelta {
         }
         let data_seq = self.data_sequence_number.unwrap_or(seq);
         let mut manifests: Vec<ManifestFile> = match parent {
-            Some(p) => table.manifest_list_reader(p).load().await?.consume_entries().into_iter().collect(),
+            Some(p) => crate::spec::manifest_list::read(table.file_io(), p, version).await?.as_ref().clone(),
             None => Vec::new(),
         };
         let mut collector = SnapshotSummaryCollector::default();
