@@ -120,9 +120,18 @@ fn join(out: &mut Vec<u8>, b: &[u8], elements: &[Range<usize>]) {
 /// when it is not an object the walk understands.
 fn fields<const N: usize>(b: &[u8], value: Range<usize>, names: [&str; N]) -> Option<[Option<Range<usize>>; N]> {
     let mut out = [const { None }; N];
+    let mut found = 0;
+    // stops at the last name found: the rest of a snapshot (its summary) is not walked again — the array's walk
+    // already found where it ends (writers put the ids first)
     members(b, value.start, |k, v| {
         if let Some(i) = names.iter().position(|n| n.as_bytes() == &b[k.clone()]) {
+            found += usize::from(out[i].is_none());
             out[i] = Some(v);
+        }
+        if found == N {
+            Walk::Stop
+        } else {
+            Walk::On
         }
     })?;
     Some(out)
@@ -201,13 +210,23 @@ fn value(b: &[u8], i: usize) -> Option<Range<usize>> {
 /// `None` when it is not an object or a key has an escape.
 fn object_members(b: &[u8], i: usize) -> Option<Vec<(Range<usize>, Range<usize>)>> {
     let mut out = Vec::new();
-    members(b, i, |k, v| out.push((k, v)))?;
+    members(b, i, |k, v| {
+        out.push((k, v));
+        Walk::On
+    })?;
     Some(out)
 }
 
-/// Calls `each` with every member (key range, value range) of the object starting at or after `i`, in order; see
-/// [`object_members`].
-fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>)) -> Option<()> {
+/// Whether [`members`] goes on to the next member.
+#[derive(PartialEq)]
+enum Walk {
+    On,
+    Stop,
+}
+
+/// Calls `each` with every member (key range, value range) of the object starting at or after `i`, in order, until
+/// it says stop; see [`object_members`].
+fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>) -> Walk) -> Option<()> {
     let mut j = skip_ws(b, i);
     if b.get(j) != Some(&b'{') {
         return None;
@@ -231,7 +250,9 @@ fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>))
         }
         let v = value(b, j + 1)?;
         j = skip_ws(b, v.end);
-        each(key, v);
+        if each(key, v) == Walk::Stop {
+            return Some(());
+        }
         match b.get(j)? {
             b',' => j = skip_ws(b, j + 1),
             b'}' => return Some(()),
