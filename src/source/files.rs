@@ -167,7 +167,7 @@ fn partition_may_hold(partition_type: &StructType, summaries: &[FieldSummary], v
     })
 }
 
-/// The manifests `snapshot`'s manifest list names ([`crate::spec::manifest_list`]: decoded by columns, cached).
+/// The manifests `snapshot`'s manifest list names ([`crate::spec::manifest_list`]: decoded lean, cached by path).
 async fn manifest_list(table: &Table, snapshot: &SnapshotRef) -> Result<Arc<Vec<ManifestFile>>> {
     crate::spec::manifest_list::read(table.file_io(), snapshot, table.metadata().format_version()).await
 }

@@ -29,11 +29,12 @@ use crate::error::{Error, Result};
 pub(crate) async fn read(file_io: &FileIO, snapshot: &SnapshotRef, version: FormatVersion) -> Result<Arc<Vec<ManifestFile>>> {
     let path = snapshot.manifest_list().to_string();
     let load = async {
-        let err = |e: &dyn std::fmt::Display| Error::data(&path, format!("cannot read manifest list of snapshot {}: {e}", snapshot.snapshot_id()));
-        let bytes = file_io.new_input(&path).map_err(|e| err(&e))?.read().await.map_err(|e| err(&e))?;
-        parse(&bytes, version).map(Arc::new).map_err(|e| err(&e))
+        let err = |e: iceberg::Error| Error::data(&path, format!("the manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e);
+        let bytes = file_io.new_input(&path).map_err(err)?.read().await.map_err(err)?;
+        parse(&bytes, version).map(Arc::new).map_err(err)
     };
-    cache().try_get_with(path.clone(), load).await.map_err(|e: Arc<Error>| Error::data(&path, e.to_string()))
+    // the error as it was made when this call loaded the list (shared only with calls that waited on the same load)
+    cache().try_get_with(path.clone(), load).await.map_err(|e: Arc<Error>| Arc::try_unwrap(e).unwrap_or_else(|e| Error::data(&path, e.to_string())))
 }
 
 /// Decodes a manifest list of a table of format `version`: lean, or by iceberg-rust where the lean reader does not
@@ -492,7 +493,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn columns_give_what_iceberg_rust_gives_in_every_format_version() {
+    async fn the_lean_decoder_reads_what_iceberg_rust_reads_in_every_format_version() {
         for version in [FormatVersion::V1, FormatVersion::V2, FormatVersion::V3] {
             let mut entries: Vec<ManifestFile> = (1..=40)
                 .map(|n| {
@@ -536,7 +537,7 @@ mod tests {
     /// Lists Spark 3.5 + Iceberg 1.10 wrote (deflate; three commits: two appends, a delete) of a table partitioned by
     /// `(cat, days(ts))` with nulls, in each format version (copy-on-write in v1, merge-on-read after).
     #[test]
-    fn columns_give_what_iceberg_rust_gives_for_lists_spark_wrote() {
+    fn the_lean_decoder_reads_what_iceberg_rust_reads_of_lists_spark_wrote() {
         for (file, version) in [("spark-v1", FormatVersion::V1), ("spark-v2", FormatVersion::V2), ("spark-v3", FormatVersion::V3)] {
             let bytes = std::fs::read(format!("{}/fixtures/manifest-lists/{file}.avro", env!("CARGO_MANIFEST_DIR"))).unwrap();
             let ours = lean(&bytes).expect("decoded by the lean reader");
