@@ -229,17 +229,26 @@ impl Catalog {
     /// Table `name` as of metadata file `location` (as [`Self::cheap_metadata_location`] told), read with `io` (the
     /// storage of an earlier load of it, whose identifier is `ident`), keeping only the snapshots from sequence
     /// number `since` on and those the table names ([`crate::spec::recent`]); also returns how many snapshots were
-    /// left out. A file that cannot be read or trimmed that way (compressed, unexpected) is loaded in full through
+    /// left out, and what the next load of the table's next metadata file can reuse (`memo`: what the last load
+    /// returned). A file that cannot be read or trimmed that way (compressed, unexpected) is loaded in full through
     /// the catalog, which reports any error.
-    pub(crate) async fn load_recent(&self, name: &str, io: &FileIO, ident: &TableIdent, location: &str, since: i64) -> Result<(Table, usize)> {
+    pub(crate) async fn load_recent(
+        &self,
+        name: &str,
+        io: &FileIO,
+        ident: &TableIdent,
+        location: &str,
+        since: i64,
+        memo: Option<&crate::spec::recent::Memo>,
+    ) -> Result<(Table, usize, Option<crate::spec::recent::Memo>)> {
         let read = async {
             let bytes = io.new_input(location).ok()?.read().await.ok()?;
             if bytes.starts_with(&[0x1f, 0x8b]) {
                 return None; // gzip: the catalog's own load decompresses it
             }
-            crate::spec::recent::parse_recent(&bytes, since).ok()
+            crate::spec::recent::parse_recent(&bytes, since, memo).ok()
         };
-        let Some((metadata, dropped)) = read.await else { return Ok((self.load_table(name).await?, 0)) };
+        let Some((metadata, dropped, memo)) = read.await else { return Ok((self.load_table(name).await?, 0, None)) };
         let table = Table::builder()
             .identifier(ident.clone())
             .metadata(metadata)
@@ -247,7 +256,7 @@ impl Catalog {
             .file_io(io.clone())
             .runtime(iceberg::Runtime::try_current()?)
             .build()?;
-        Ok((table, dropped))
+        Ok((table, dropped, memo))
     }
 
     /// Renames table `from` to `to` (both `namespace.table`); the table keeps its uuid, files and history.

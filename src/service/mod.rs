@@ -434,6 +434,8 @@ struct LastSource {
     ident: iceberg::TableIdent,
     /// The loaded table and whether snapshots were left out of it; `None` when it was too large to keep.
     table: Option<(Table, bool)>,
+    /// What the walk of its metadata file leaves for the next one's ([`crate::spec::recent::Memo`]).
+    memo: Option<crate::spec::recent::Memo>,
 }
 
 /// A loaded source is kept between polls when it holds at most this many snapshots (or was trimmed).
@@ -483,13 +485,16 @@ impl Pipeline {
     /// the source is loaded in full and judged as before.
     async fn source_and_progress(&mut self, cfg: &Config, at: Option<&str>) -> Result<(Table, bool, Vec<Option<i64>>)> {
         let name = &cfg.source.table;
+        let mut memo = None;
         let (mut source, mut trimmed) = match (&self.last_source, at, self.since) {
             _ if self.source.is_server() => (self.source.load_table(name).await?, false), // a load renews what it vends
-            (Some(LastSource { location, table: Some((prev, trimmed)), .. }), Some(at), _) if location.as_deref() == Some(at) => {
+            (Some(LastSource { location, table: Some((prev, trimmed)), memo: last_memo, .. }), Some(at), _) if location.as_deref() == Some(at) => {
+                memo = last_memo.clone();
                 (prev.clone(), *trimmed)
             }
             (Some(last), Some(at), Some(since)) => {
-                let (t, dropped) = self.source.load_recent(name, &last.io, &last.ident, at, since).await?;
+                let (t, dropped, next) = self.source.load_recent(name, &last.io, &last.ident, at, since, last.memo.as_ref()).await?;
+                memo = next;
                 (t, dropped > 0)
             }
             _ => (self.source.load_table(name).await?, false),
@@ -503,7 +508,7 @@ impl Pipeline {
                 }
             }
             if trimmed && !crate::spec::recent::holds_lineage(source.metadata(), &recorded) {
-                (source, trimmed) = (self.source.load_table(name).await?, false);
+                (source, trimmed, memo) = (self.source.load_table(name).await?, false, None);
                 continue;
             }
             let meta = source.metadata();
@@ -514,6 +519,7 @@ impl Pipeline {
                 io: source.file_io().clone(),
                 ident: source.identifier().clone(),
                 table: small.then(|| (source.clone(), trimmed)),
+                memo: memo.take(),
             });
             return Ok((source, trimmed, recorded));
         }

@@ -8,6 +8,14 @@
 //! allocation per snapshot), drops the snapshots older than a sequence number and their log entries, and hands the
 //! rest — the same document, shorter — to iceberg-rust's parser, which validates what is kept as usual.
 //!
+//! Even the walk grows with the history (a few ms per MB), so it resumes where the last one ended: writers append to
+//! `snapshots` and `snapshot-log`, and a table's next metadata file starts both arrays with the bytes its previous
+//! file had there. A walk leaves a [`Memo`] (each array's length and keyed hash up to its last element, and the
+//! elements it kept); the next walk hashes that many bytes of the new array (GB/s, against the walk's hundreds of
+//! MB/s) and, when they match, walks only the elements after them. Whatever does not match (snapshots expired, a
+//! file rewritten by another writer, a walk from an older sequence number, a named snapshot the last walk dropped)
+//! is walked in full, so a memo changes the cost, never the result.
+//!
 //! Invariants: every member other than `snapshots` and `snapshot-log` is passed on byte for byte; a kept snapshot or
 //! log entry is passed on byte for byte; kept are the snapshots with a sequence number at or above `since`, the
 //! current one and every one a ref names (iceberg-rust checks refs). Anything the walk does not understand (not an
@@ -17,16 +25,18 @@
 //! ([`holds_lineage`]).
 use std::collections::HashSet;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use iceberg::spec::TableMetadata;
 
 /// Parses metadata file `bytes`, keeping the snapshots with a sequence number of at least `since` (and those the
-/// table names: current, refs); also returns how many were dropped (0: the whole file was parsed). See the module
-/// header.
-pub(crate) fn parse_recent(bytes: &[u8], since: i64) -> serde_json::Result<(TableMetadata, usize)> {
-    match trimmed(bytes, since) {
-        Some((doc, dropped)) if dropped > 0 => Ok((serde_json::from_slice(&doc)?, dropped)),
-        _ => Ok((serde_json::from_slice(bytes)?, 0)),
+/// table names: current, refs); also returns how many were dropped (0: the whole file was parsed) and what the next
+/// call can reuse ([`Memo`]; `None` when the walk did not understand the file). `memo`: what the call on the
+/// previous metadata file of the same table returned. See the module header.
+pub(crate) fn parse_recent(bytes: &[u8], since: i64, memo: Option<&Memo>) -> serde_json::Result<(TableMetadata, usize, Option<Memo>)> {
+    match trimmed(bytes, since, memo) {
+        Some(t) if t.dropped > 0 => Ok((serde_json::from_slice(&t.doc)?, t.dropped, Some(t.memo))),
+        t => Ok((serde_json::from_slice(bytes)?, 0, t.map(|t| t.memo))),
     }
 }
 
@@ -39,53 +49,112 @@ pub(crate) fn holds_lineage(meta: &TableMetadata, recorded: &[Option<i64>]) -> b
     })
 }
 
-/// The document without the snapshots older than `since` and their log entries, and how many were dropped; `None`
-/// when the walk does not understand the document.
-fn trimmed(b: &[u8], since: i64) -> Option<(Vec<u8>, usize)> {
-    let members = object_members(b, 0)?;
+/// What the walk of one metadata file leaves for the walk of the table's next one: its `snapshots` and
+/// `snapshot-log` arrays as far as they went, known by length and hash, and the elements it kept. A writer appends to
+/// both arrays, so the next file's arrays start with the same bytes, and the walk resumes where this one ended. Small:
+/// the kept (recent) elements only.
+#[derive(Debug, Clone)]
+pub(crate) struct Memo {
+    /// The `since` of the walk: a later walk from an older sequence number would need what this one dropped.
+    since: i64,
+    snapshots: Prefix,
+    log: Prefix,
+}
+
+/// An array's bytes from its `[` to the end of its last element (`len`, `hash`), how many of its elements were
+/// dropped and the kept ones (ranges from the `[`).
+#[derive(Debug, Clone, Default)]
+struct Prefix {
+    len: usize,
+    hash: u64,
+    dropped: usize,
+    kept: Vec<Element>,
+}
+
+/// An element of `snapshots` (snapshot id, sequence number) or of `snapshot-log` (snapshot id, 0, None) and its range.
+#[derive(Debug, Clone)]
+struct Element {
+    id: i64,
+    seq: i64,
+    range: Range<usize>,
+}
+
+/// The hash of an array's prefix: keyed per process, so no file can be written to collide with another.
+fn prefix_hash(bytes: &[u8]) -> u64 {
+    static KEY: OnceLock<ahash::RandomState> = OnceLock::new();
+    KEY.get_or_init(ahash::RandomState::new).hash_one(bytes)
+}
+
+/// What [`trimmed`] makes of a metadata file.
+struct Trimmed {
+    /// The document without the dropped snapshots and their log entries (empty when none was dropped).
+    doc: Vec<u8>,
+    dropped: usize,
+    memo: Memo,
+}
+
+/// The document without the snapshots older than `since` and their log entries, how many were dropped, and the
+/// memo for the next file; `None` when the walk does not understand the document. With a `memo` of the table's
+/// previous file the result is the same as without, only cheaper.
+fn trimmed(b: &[u8], since: i64, memo: Option<&Memo>) -> Option<Trimmed> {
+    let memo = memo.filter(|m| m.since <= since);
+    let (mut snapshots, mut log) = (None, None);
+    let mut members = Vec::new();
+    self::members(b, 0, |k, at| {
+        let v = match &b[k.clone()] {
+            b"snapshots" => {
+                let a = walk_array(b, at, memo.map(|m| &m.snapshots), |e| {
+                    let [id, seq] = fields(b, e, ["snapshot-id", "sequence-number"])?;
+                    // v1: no sequence numbers, nothing to trim by
+                    Some((number(b, id?)?, seq.map_or(Some(0), |v| number(b, v))?))
+                })?;
+                let v = a.range.clone();
+                snapshots = Some(a);
+                v
+            }
+            b"snapshot-log" => {
+                let a = walk_array(b, at, memo.map(|m| &m.log), |e| {
+                    let [id] = fields(b, e, ["snapshot-id"])?;
+                    Some((number(b, id?)?, 0))
+                })?;
+                let v = a.range.clone();
+                log = Some(a);
+                v
+            }
+            _ => value(b, at)?,
+        };
+        members.push((k, v.clone()));
+        Some((v, Walk::On))
+    })?;
     let member = |name: &str| members.iter().find(|(k, _)| &b[k.clone()] == name.as_bytes()).map(|(_, v)| v.clone());
-    let snapshots = array_elements(b, member("snapshots")?.start)?;
+    let snapshots = snapshots?;
     // the snapshots the table names must stay (iceberg-rust checks them)
     let mut named: HashSet<i64> = member("current-snapshot-id").and_then(|v| number(b, v)).into_iter().collect();
     if let Some(refs) = member("refs") {
-        for (_, r) in object_members(b, refs.start)? {
-            let [id] = fields(b, r, ["snapshot-id"])?;
-            named.insert(number(b, id?)?);
-        }
+        let mut ids = Vec::new();
+        self::members(b, refs.start, |_, at| {
+            let r = value(b, at)?;
+            let [id] = fields(b, r.clone(), ["snapshot-id"])?;
+            ids.push(number(b, id?)?);
+            Some((r, Walk::On))
+        })?;
+        named.extend(ids);
     }
-    let mut kept_ids = HashSet::new();
-    let mut kept = Vec::new();
-    for s in &snapshots {
-        let [id, seq] = fields(b, s.clone(), ["snapshot-id", "sequence-number"])?;
-        let id = number(b, id?)?;
-        // v1: no sequence numbers, nothing to trim by
-        let seq = match seq {
-            Some(v) => number(b, v)?,
-            None => 0,
-        };
-        if seq >= since || named.contains(&id) {
-            kept_ids.insert(id);
-            kept.push(s.clone());
-        }
+    let kept: Vec<&Element> = snapshots.elements.iter().filter(|e| e.seq >= since || named.contains(&e.id)).collect();
+    let kept_ids: HashSet<i64> = kept.iter().map(|e| e.id).collect();
+    if memo.is_some() && named.iter().any(|id| !kept_ids.contains(id)) {
+        // a snapshot named now may be one the last walk dropped: walk everything
+        return trimmed(b, since, None);
     }
-    let dropped = snapshots.len() - kept.len();
+    let dropped = snapshots.dropped + snapshots.elements.len() - kept.len();
+    let log_kept: Vec<&Element> = log.as_ref().map(|l| l.elements.iter().filter(|e| kept_ids.contains(&e.id)).collect()).unwrap_or_default();
+    let memo = Memo { since, snapshots: snapshots.prefix(b, &kept), log: log.as_ref().map(|l| l.prefix(b, &log_kept)).unwrap_or_default() };
     if dropped == 0 {
-        return Some((Vec::new(), 0));
+        return Some(Trimmed { doc: Vec::new(), dropped, memo });
     }
-    let log = match member("snapshot-log") {
-        Some(v) => {
-            let mut entries = Vec::new();
-            for e in array_elements(b, v.start)? {
-                let [id] = fields(b, e.clone(), ["snapshot-id"])?;
-                if kept_ids.contains(&number(b, id?)?) {
-                    entries.push(e);
-                }
-            }
-            Some(entries)
-        }
-        None => None,
-    };
-    let mut out = Vec::with_capacity(b.len() / 2);
+    let kept_len = |es: &[&Element]| es.iter().map(|e| e.range.len() + 1).sum::<usize>();
+    let log_len = log.as_ref().map_or(0, |l| l.range.len());
+    let mut out = Vec::with_capacity(b.len() - snapshots.range.len() - log_len + kept_len(&kept) + kept_len(&log_kept) + 4);
     out.push(b'{');
     for (i, (k, v)) in members.iter().enumerate() {
         if i > 0 {
@@ -96,22 +165,98 @@ fn trimmed(b: &[u8], since: i64) -> Option<(Vec<u8>, usize)> {
         out.extend_from_slice(b"\":");
         match &b[k.clone()] {
             b"snapshots" => join(&mut out, b, &kept),
-            b"snapshot-log" => join(&mut out, b, log.as_deref().unwrap_or_default()),
+            b"snapshot-log" if log.is_some() => join(&mut out, b, &log_kept),
             _ => out.extend_from_slice(&b[v.clone()]),
         }
     }
     out.push(b'}');
-    Some((out, dropped))
+    Some(Trimmed { doc: out, dropped, memo })
+}
+
+/// An array as [`walk_array`] found it.
+struct Walked {
+    /// The array's range, brackets included.
+    range: Range<usize>,
+    /// The elements of the prefix an earlier walk kept, then every later element.
+    elements: Vec<Element>,
+    /// How many elements of the prefix an earlier walk dropped.
+    dropped: usize,
+    /// Where the last element ends (the array's start when it is empty).
+    last_end: usize,
+}
+
+impl Walked {
+    /// The prefix a next walk can skip: the whole array but its `]`, with `kept` of its elements.
+    fn prefix(&self, b: &[u8], kept: &[&Element]) -> Prefix {
+        let start = self.range.start;
+        if self.last_end == start {
+            return Prefix::default();
+        }
+        Prefix {
+            len: self.last_end - start,
+            hash: prefix_hash(&b[start..self.last_end]),
+            dropped: self.dropped + self.elements.len() - kept.len(),
+            kept: kept.iter().map(|e| Element { id: e.id, seq: e.seq, range: e.range.start - start..e.range.end - start }).collect(),
+        }
+    }
+}
+
+/// The array starting at or after `at`, each element with what `ids` reads of it. When the array starts with the
+/// bytes of `prior` (the same array in the table's previous metadata file), those are not walked: `prior`'s kept
+/// elements stand for them.
+fn walk_array(b: &[u8], at: usize, prior: Option<&Prefix>, ids: impl Fn(Range<usize>) -> Option<(i64, i64)>) -> Option<Walked> {
+    let start = skip_ws(b, at);
+    if b.get(start) != Some(&b'[') {
+        return None;
+    }
+    let mut walked = Walked { range: start..start, elements: Vec::new(), dropped: 0, last_end: start };
+    let mut j = skip_ws(b, start + 1);
+    match prior.filter(|p| p.len > 0 && b.len() > start + p.len && prefix_hash(&b[start..start + p.len]) == p.hash) {
+        Some(p) => {
+            walked.elements.extend(p.kept.iter().map(|e| Element { id: e.id, seq: e.seq, range: start + e.range.start..start + e.range.end }));
+            walked.dropped = p.dropped;
+            walked.last_end = start + p.len;
+            j = skip_ws(b, walked.last_end);
+            match *b.get(j)? {
+                b',' => j = skip_ws(b, j + 1),
+                b']' => {
+                    walked.range = start..j + 1;
+                    return Some(walked);
+                }
+                _ => return None,
+            }
+        }
+        None if b.get(j) == Some(&b']') => {
+            walked.range = start..j + 1;
+            return Some(walked);
+        }
+        None => {}
+    }
+    loop {
+        let v = value(b, j)?;
+        let (id, seq) = ids(v.clone())?;
+        walked.last_end = v.end;
+        walked.elements.push(Element { id, seq, range: v.clone() });
+        j = skip_ws(b, v.end);
+        match b.get(j)? {
+            b',' => j = skip_ws(b, j + 1),
+            b']' => {
+                walked.range = start..j + 1;
+                return Some(walked);
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// Appends `[e1,e2,…]` of `elements` (ranges of `b`) to `out`.
-fn join(out: &mut Vec<u8>, b: &[u8], elements: &[Range<usize>]) {
+fn join(out: &mut Vec<u8>, b: &[u8], elements: &[&Element]) {
     out.push(b'[');
     for (i, e) in elements.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(&b[e.clone()]);
+        out.extend_from_slice(&b[e.range.clone()]);
     }
     out.push(b']');
 }
@@ -123,16 +268,13 @@ fn fields<const N: usize>(b: &[u8], value: Range<usize>, names: [&str; N]) -> Op
     let mut found = 0;
     // stops at the last name found: the rest of a snapshot (its summary) is not walked again — the array's walk
     // already found where it ends (writers put the ids first)
-    members(b, value.start, |k, v| {
+    members(b, value.start, |k, at| {
+        let v = self::value(b, at)?;
         if let Some(i) = names.iter().position(|n| n.as_bytes() == &b[k.clone()]) {
             found += usize::from(out[i].is_none());
-            out[i] = Some(v);
+            out[i] = Some(v.clone());
         }
-        if found == N {
-            Walk::Stop
-        } else {
-            Walk::On
-        }
+        Some((v, if found == N { Walk::Stop } else { Walk::On }))
     })?;
     Some(out)
 }
@@ -206,17 +348,6 @@ fn value(b: &[u8], i: usize) -> Option<Range<usize>> {
     }
 }
 
-/// The members of the object starting at or after `i`: each key's range (inside the quotes) and its value's.
-/// `None` when it is not an object or a key has an escape.
-fn object_members(b: &[u8], i: usize) -> Option<Vec<(Range<usize>, Range<usize>)>> {
-    let mut out = Vec::new();
-    members(b, i, |k, v| {
-        out.push((k, v));
-        Walk::On
-    })?;
-    Some(out)
-}
-
 /// Whether [`members`] goes on to the next member.
 #[derive(PartialEq)]
 enum Walk {
@@ -224,9 +355,9 @@ enum Walk {
     Stop,
 }
 
-/// Calls `each` with every member (key range, value range) of the object starting at or after `i`, in order, until
-/// it says stop; see [`object_members`].
-fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>) -> Walk) -> Option<()> {
+/// Calls `each` with every member of the object starting at or after `i`, in order, until it says stop: with the
+/// key's range and where its value starts; `each` walks the value and returns its range (`None`: not understood).
+fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, usize) -> Option<(Range<usize>, Walk)>) -> Option<()> {
     let mut j = skip_ws(b, i);
     if b.get(j) != Some(&b'{') {
         return None;
@@ -248,9 +379,9 @@ fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>) 
         if b.get(j) != Some(&b':') {
             return None;
         }
-        let v = value(b, j + 1)?;
+        let (v, walk) = each(key, j + 1)?;
         j = skip_ws(b, v.end);
-        if each(key, v) == Walk::Stop {
+        if walk == Walk::Stop {
             return Some(());
         }
         match b.get(j)? {
@@ -261,32 +392,26 @@ fn members(b: &[u8], i: usize, mut each: impl FnMut(Range<usize>, Range<usize>) 
     }
 }
 
-/// The elements of the array starting at or after `i`.
-fn array_elements(b: &[u8], i: usize) -> Option<Vec<Range<usize>>> {
-    let mut j = skip_ws(b, i);
-    if b.get(j) != Some(&b'[') {
-        return None;
-    }
-    let mut out = Vec::new();
-    j = skip_ws(b, j + 1);
-    if b.get(j) == Some(&b']') {
-        return Some(out);
-    }
-    loop {
-        let v = value(b, j)?;
-        j = skip_ws(b, v.end);
-        out.push(v);
-        match b.get(j)? {
-            b',' => j = skip_ws(b, j + 1),
-            b']' => return Some(out),
-            _ => return None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The members of the object starting at or after `i`: each key's range (inside the quotes) and its value's.
+    /// `None` when it is not an object or a key has an escape.
+    fn object_members(b: &[u8], i: usize) -> Option<Vec<(Range<usize>, Range<usize>)>> {
+        let mut out = Vec::new();
+        members(b, i, |k, at| {
+            let v = value(b, at)?;
+            out.push((k, v.clone()));
+            Some((v, Walk::On))
+        })?;
+        Some(out)
+    }
+
+    /// How many elements the array at `i` has.
+    fn array_len(b: &[u8], i: usize) -> Option<usize> {
+        Some(walk_array(b, i, None, |_| Some((0, 0)))?.elements.len())
+    }
 
     /// A v2 metadata document of `n` snapshots (sequence numbers 1..=n, each the parent of the next), a tag on the
     /// first, `main` at the last.
@@ -328,7 +453,7 @@ mod tests {
     fn keeps_the_recent_snapshots_and_those_the_table_names_and_nothing_else_changes() {
         let doc = history(50);
         let full: TableMetadata = serde_json::from_str(&doc).unwrap();
-        let (meta, dropped) = parse_recent(doc.as_bytes(), 45).unwrap();
+        let (meta, dropped, _) = parse_recent(doc.as_bytes(), 45, None).unwrap();
         let ids = |m: &TableMetadata| {
             let mut v: Vec<i64> = m.snapshots().map(|s| s.snapshot_id()).collect();
             v.sort();
@@ -355,14 +480,53 @@ mod tests {
     #[test]
     fn parses_everything_when_nothing_is_old_enough_or_the_walk_does_not_understand() {
         let doc = history(5);
-        assert_eq!(parse_recent(doc.as_bytes(), 1).unwrap().1, 0);
-        assert_eq!(parse_recent(doc.as_bytes(), 1).unwrap().0.snapshots().count(), 5);
+        assert_eq!(parse_recent(doc.as_bytes(), 1, None).unwrap().1, 0);
+        assert_eq!(parse_recent(doc.as_bytes(), 1, None).unwrap().0.snapshots().count(), 5);
         // an escaped key: no trimming, the parser decides
         let escaped = doc.replacen("\"properties\"", "\"prop\\u0065rties\"", 1);
-        assert_eq!(parse_recent(escaped.as_bytes(), 4).unwrap().1, 0);
+        assert_eq!(parse_recent(escaped.as_bytes(), 4, None).unwrap().1, 0);
         // a damaged file is the parser's error, as before
-        assert!(parse_recent(&doc.as_bytes()[..doc.len() / 2], 4).is_err());
-        assert!(parse_recent(b"[1, 2]", 4).is_err());
+        assert!(parse_recent(&doc.as_bytes()[..doc.len() / 2], 4, None).is_err());
+        assert!(parse_recent(b"[1, 2]", 4, None).is_err());
+    }
+
+    /// The trimmed document, the number dropped and the memo of `doc` (which the walk must understand).
+    fn trim(doc: &str, since: i64, memo: Option<&Memo>) -> (Vec<u8>, usize, Memo) {
+        let t = trimmed(doc.as_bytes(), since, memo).expect("understood");
+        (t.doc, t.dropped, t.memo)
+    }
+
+    #[test]
+    fn a_walk_that_resumes_where_the_last_file_ended_trims_as_a_whole_walk_does() {
+        let mut memo = None;
+        let mut since = 1;
+        for n in 10..80 {
+            // the sinks move on unevenly; every file is walked with the memo of the one before
+            since = (since + n % 3).min(n);
+            let doc = history(n);
+            let (whole, dropped, _) = trim(&doc, since, None);
+            let (resumed, resumed_dropped, next) = trim(&doc, since, memo.as_ref());
+            assert_eq!((String::from_utf8_lossy(&resumed), resumed_dropped), (String::from_utf8_lossy(&whole), dropped), "n = {n}");
+            assert!(next.snapshots.kept.len() <= (n - since + 2) as usize, "the memo holds the kept snapshots only");
+            memo = Some(next);
+        }
+        let memo = memo.unwrap();
+        // the memo is what the walk went by: one whose kept elements were lost loses them from the result
+        let doc = history(80);
+        let mut forgetful = memo.clone();
+        forgetful.snapshots.kept.retain(|e| e.id == 1001); // the tagged one stays: a named snapshot missing means a whole walk
+        assert_ne!(trim(&doc, memo.since, Some(&forgetful)).0, trim(&doc, memo.since, None).0);
+        // ... and it is not used where it cannot hold: a walk from an older sequence number, or a file whose arrays
+        // no longer start as the last one's did (old snapshots expired), or a snapshot named now that the last walk
+        // dropped
+        assert_eq!(trim(&doc, memo.since - 5, Some(&memo)).0, trim(&doc, memo.since - 5, None).0);
+        let expired = doc.replacen(r#""snapshot-id": 1002, "parent-snapshot-id": 1001,"#, r#""snapshot-id": 1002,"#, 1);
+        assert_eq!(trim(&expired, memo.since, Some(&memo)).0, trim(&expired, memo.since, None).0);
+        let tagged = doc.replacen(r#""first": {"snapshot-id": 1001"#, r#""first": {"snapshot-id": 1003"#, 1);
+        let (doc_tagged, ..) = trim(&tagged, memo.since, Some(&memo));
+        assert_eq!(doc_tagged, trim(&tagged, memo.since, None).0);
+        let meta: TableMetadata = serde_json::from_slice(&doc_tagged).unwrap();
+        assert!(meta.snapshot_by_id(1003).is_some(), "the newly tagged snapshot is kept");
     }
 
     #[test]
@@ -373,8 +537,8 @@ mod tests {
         assert_eq!(keys, vec![&b"a"[..], b"b", b"c", b"d"]);
         assert_eq!(&b[m[0].1.clone()], br#"[1, {"x": "]}\"\\"}]"#);
         assert_eq!(&b[m[1].1.clone()], b"-3.5e2");
-        assert_eq!(array_elements(b, m[0].1.start).unwrap().len(), 2);
-        assert_eq!(array_elements(b, m[3].1.start).unwrap().len(), 0);
+        assert_eq!(array_len(b, m[0].1.start), Some(2));
+        assert_eq!(array_len(b, m[3].1.start), Some(0));
         assert!(object_members(br#"{"a": [1, 2}"#, 0).is_none(), "unbalanced");
         assert!(object_members(br#"{"a": "open}"#, 0).is_none(), "unterminated string");
     }
@@ -392,9 +556,17 @@ mod tests {
             let full = t.elapsed() / 5;
             let t = std::time::Instant::now();
             for _ in 0..5 {
-                parse_recent(doc.as_bytes(), n - 1).unwrap();
+                parse_recent(doc.as_bytes(), n - 1, None).unwrap();
             }
-            println!("{n} snapshots, {} KB: full {full:?}, recent {:?}", doc.len() / 1024, t.elapsed() / 5);
+            let recent = t.elapsed() / 5;
+            // the next file of the table, walked with the memo of this one
+            let (.., memo) = parse_recent(doc.as_bytes(), n - 1, None).unwrap();
+            let next = history(n + 1);
+            let t = std::time::Instant::now();
+            for _ in 0..5 {
+                parse_recent(next.as_bytes(), n - 1, memo.as_ref()).unwrap();
+            }
+            println!("{n} snapshots, {} KB: full {full:?}, recent {recent:?}, recent resumed {:?}", doc.len() / 1024, t.elapsed() / 5);
         }
     }
 }
