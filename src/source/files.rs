@@ -6,7 +6,9 @@
 //!
 //! [`plan`] reads every manifest (all live files); [`plan_changes`] reads only what a changelog of the snapshot
 //! needs — the manifests it wrote, and older ones only where its deletes can reach — so following one small commit
-//! costs the same however long the table's history and however many unmerged manifests it left.
+//! costs the same however long the table's history and however many unmerged manifests it left. Where its deletes
+//! reach many older manifests, it reads them all once and keeps the live files they give ([`LiveFiles`]); each later
+//! snapshot derives its own from its parent's and its own manifests, and reads no older manifest.
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -87,6 +89,9 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 /// Complete for every data file whose live rows the snapshot can change, with every delete file that applies to
 /// one; other live files are left out. When the snapshot's summary counts disagree with what its own manifests
 /// hold (a writer that reused another snapshot's manifests), every manifest is read, as [`plan`] does.
+///
+/// Steps 2–3 read no manifest when the live files of the snapshot's parent are known ([`LiveFiles`]): the older
+/// manifests hold exactly the parent's live files that the snapshot's own manifests do not list.
 pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let sid = snapshot.snapshot_id();
     let list = manifest_list(table, snapshot).await?;
@@ -98,7 +103,25 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     }
     if !summary_agrees(snapshot, &out) {
         tracing::debug!(snapshot = sid, "the snapshot's own manifests do not hold what its summary counts; reading every manifest");
-        return plan(table, snapshot, concurrency).await;
+        let full = plan(table, snapshot, concurrency).await?;
+        LiveFiles::remember(table, snapshot, &full).await;
+        return Ok(full);
+    }
+    let parent = match snapshot.parent_snapshot_id() {
+        Some(p) => LiveFiles::recall(table, p).await,
+        None => None,
+    };
+    if let Some(parent) = parent {
+        let live = parent.after(&out);
+        parent.add_older_to(&mut out);
+        LiveFiles::keep(table, sid, live).await;
+        return Ok(out);
+    }
+    if !out.changed_deletes.is_empty() && older.len() > LIVE_FILES_AFTER && LiveFiles::would_fit(snapshot) {
+        // the older manifests would be read anyway: read them all once, and the next snapshots read none
+        let full = plan(table, snapshot, concurrency).await?;
+        LiveFiles::remember(table, snapshot, &full).await;
+        return Ok(full);
     }
     let (data, deletes): (Vec<_>, Vec<_>) = older.into_iter().partition(|mf| mf.content == ManifestContentType::Data);
     if !out.changed_deletes.is_empty() {
@@ -119,6 +142,106 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         add_entries(&mut out, table, &mf, &manifest, sid, None)?;
     }
     Ok(out)
+}
+
+/// Older manifests a snapshot's deletes must reach beyond which its plan reads every manifest once to learn the
+/// table's live files ([`LiveFiles`]), so that the snapshots after it read none.
+const LIVE_FILES_AFTER: usize = 16;
+
+/// What a file entry takes in memory, as the caches estimate it (its stats, path and map slot).
+const FILE_BYTES: u64 = 512;
+
+/// The live files of one snapshot of a table: what its older manifests hold, known without reading them. Derived
+/// snapshot by snapshot from the parent's (minus what a snapshot's own manifests remove, plus what they add: by the
+/// spec they hold every file it adds or removes) and seeded by a full plan; kept process-wide by (table uuid,
+/// snapshot id) — a snapshot's files never change — within the manifests' memory share, least recently used out
+/// first. A snapshot without one is planned from the manifests as before.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LiveFiles {
+    data: HashMap<String, Arc<FileEntry>>,
+    deletes: HashMap<String, Arc<FileEntry>>,
+}
+
+impl LiveFiles {
+    /// Keeps the live files after `snapshot` from its [`plan`] when they fit the cache (a table too large for it
+    /// is planned from its manifests, as before).
+    async fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
+        if Self::would_fit(snapshot) {
+            let live =
+                LiveFiles { data: full.data_after.clone(), deletes: full.deletes_after.iter().map(|d| (d.path().to_string(), d.clone())).collect() };
+            Self::keep(table, snapshot.snapshot_id(), live).await;
+        }
+    }
+
+    /// Whether the live files of `snapshot` (by its summary's totals) take at most a quarter of the cache.
+    fn would_fit(snapshot: &SnapshotRef) -> bool {
+        let total = |k: &str| snapshot.summary().additional_properties.get(k).and_then(|v| v.parse::<u64>().ok());
+        match (total("total-data-files"), total("total-delete-files")) {
+            (Some(data), deletes) => (data + deletes.unwrap_or(0)) * FILE_BYTES * 4 <= CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed),
+            (None, _) => false,
+        }
+    }
+
+    /// The live files after the snapshot whose own manifests gave `own`, these being its parent's.
+    fn after(&self, own: &SnapshotFiles) -> Self {
+        let mut next = self.clone();
+        for path in own.data_before.keys().filter(|p| !own.data_after.contains_key(*p)) {
+            next.data.remove(path);
+        }
+        for (path, f) in &own.data_after {
+            next.data.insert(path.clone(), f.clone());
+        }
+        for d in &own.deletes_before {
+            next.deletes.remove(d.path());
+        }
+        for d in &own.deletes_after {
+            next.deletes.insert(d.path().to_string(), d.clone());
+        }
+        next
+    }
+
+    /// The parent's live files the snapshot's own manifests do not list, as steps 2–3 of [`plan_changes`] would
+    /// read them from the older manifests: the data files a changed delete applies to, then the delete files that
+    /// can apply to a data file of the plan (data sequence number at or above the lowest among them).
+    fn add_older_to(&self, out: &mut SnapshotFiles) {
+        if !out.changed_deletes.is_empty() {
+            for (path, f) in &self.data {
+                let own = out.data_before.contains_key(path) || out.data_after.contains_key(path);
+                if !own && out.changed_deletes.iter().any(|d| delete_applies(d, f)) {
+                    out.data_before.insert(path.clone(), f.clone());
+                    out.data_after.insert(path.clone(), f.clone());
+                }
+            }
+        }
+        let Some(lowest) = out.data_before.values().chain(out.data_after.values()).map(|f| f.seq).min() else { return };
+        let own: std::collections::HashSet<&str> = out.deletes_before.iter().chain(&out.deletes_after).map(|d| d.path()).collect();
+        let older: Vec<_> = self.deletes.iter().filter(|(p, d)| d.seq >= lowest && !own.contains(p.as_str())).map(|(_, d)| d.clone()).collect();
+        out.deletes_before.extend(older.iter().cloned());
+        out.deletes_after.extend(older);
+    }
+
+    /// The process's live-file sets by (table uuid, snapshot id), weighed as the manifest cache weighs a file
+    /// entry, within the same share of the memory budget.
+    fn cache() -> &'static moka::future::Cache<(String, i64), Arc<LiveFiles>> {
+        static LIVE: std::sync::OnceLock<moka::future::Cache<(String, i64), Arc<LiveFiles>>> = std::sync::OnceLock::new();
+        LIVE.get_or_init(|| {
+            moka::future::Cache::builder()
+                .weigher(|_: &(String, i64), l: &Arc<LiveFiles>| {
+                    let files = (l.data.len() + l.deletes.len()) as u64 * FILE_BYTES;
+                    u32::try_from(files).unwrap_or(u32::MAX)
+                })
+                .max_capacity(CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
+                .build()
+        })
+    }
+
+    async fn keep(table: &Table, snapshot: i64, live: LiveFiles) {
+        Self::cache().insert((table.metadata().uuid().to_string(), snapshot), Arc::new(live)).await;
+    }
+
+    async fn recall(table: &Table, snapshot: i64) -> Option<Arc<LiveFiles>> {
+        Self::cache().get(&(table.metadata().uuid().to_string(), snapshot)).await
+    }
 }
 
 /// Whether the files a snapshot added and removed, as its own manifests hold them, match the counts its summary
@@ -483,8 +606,9 @@ mod tests {
     }
 
     /// A history of upserts and deletes by equality deletes (one new manifest per commit, never merged) and plain
-    /// appends: for every snapshot, the changes plan holds exactly what the full plan holds for the changelog, and
-    /// an append at the end of the history reads its own manifest only, however long the history.
+    /// appends: for every snapshot, the changes plan holds exactly what the full plan holds for the changelog — also
+    /// where it comes from the live files derived snapshot by snapshot ([`LiveFiles`]) — and an append at the end of
+    /// the history reads its own manifest only, however long the history.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_changes_plan_reads_only_what_the_snapshot_can_change_and_misses_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -512,6 +636,10 @@ mod tests {
         }
         let (last_changes, last_full) = *reads.last().unwrap();
         assert_eq!(last_changes, 1, "an append reads its own manifest: {reads:?}");
+        // once a delete's plan read every manifest (the older ones were many), the live files are known snapshot by
+        // snapshot: the upserts after it read their own manifests only
+        let seeded = reads.iter().position(|(c, f)| c == f && *f > LIVE_FILES_AFTER).expect("a plan that read every manifest once");
+        assert!(reads[seeded + 1..].iter().all(|(c, _)| *c <= 2), "{reads:?}");
         assert!(last_full > 20, "the full plan reads the whole history: {reads:?}");
         assert!(reads.iter().all(|(c, f)| c <= f), "{reads:?}");
     }
