@@ -303,16 +303,137 @@ fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
     }
 }
 
-/// Bytes that matter to [`value`]'s bracket walk: quotes and brackets.
-const STRUCTURAL: [bool; 256] = {
-    let mut t = [false; 256];
-    t[b'"' as usize] = true;
-    t[b'{' as usize] = true;
-    t[b'[' as usize] = true;
-    t[b'}' as usize] = true;
-    t[b']' as usize] = true;
-    t
-};
+/// Where a bracket walk stands between two bytes: the depth of brackets opened, whether inside a string, and
+/// whether the byte before was a backslash inside one.
+#[derive(Default)]
+struct Brackets {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Brackets {
+    /// Walks `bytes` byte by byte; the offset just past the bracket that closes the outermost one, if among them.
+    /// `None` inside: a closing bracket with none open.
+    fn bytes(&mut self, bytes: &[u8]) -> Option<Option<usize>> {
+        for (k, &c) in bytes.iter().enumerate() {
+            if self.in_string {
+                match c {
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth = self.depth.checked_sub(1)?;
+                    if self.depth == 0 {
+                        return Some(Some(k + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(None)
+    }
+
+    /// Walks a block of 64 bytes as bit masks (bit k: byte k): inside a string are the bytes after an odd number of
+    /// quotes (a prefix XOR of the quote mask, carried from block to block), and only the brackets outside count. A
+    /// block with a backslash, or after one, is walked byte by byte (escaped quotes).
+    fn block(&mut self, block: &[u8; 64]) -> Option<Option<usize>> {
+        let m = Masks::of(block);
+        if m.backslash != 0 || self.escaped {
+            return self.bytes(block);
+        }
+        let mut inside = m.quote;
+        for shift in [1, 2, 4, 8, 16, 32] {
+            inside ^= inside << shift;
+        }
+        if self.in_string {
+            inside = !inside;
+        }
+        self.in_string = inside >> 63 == 1;
+        let (mut opens, mut closes) = (m.open & !inside, m.close & !inside);
+        while closes != 0 {
+            let close = closes.trailing_zeros();
+            // the brackets opened before this close
+            let before = opens & ((1u64 << close) - 1);
+            self.depth += before.count_ones() as usize;
+            opens &= !before;
+            self.depth = self.depth.checked_sub(1)?;
+            if self.depth == 0 {
+                return Some(Some(close as usize + 1));
+            }
+            closes &= closes - 1;
+        }
+        self.depth += opens.count_ones() as usize;
+        Some(None)
+    }
+}
+
+/// The positions of quotes, backslashes, opening and closing brackets in a block of 64 bytes.
+struct Masks {
+    quote: u64,
+    backslash: u64,
+    open: u64,
+    close: u64,
+}
+
+impl Masks {
+    #[cfg(target_arch = "x86_64")]
+    fn of(block: &[u8; 64]) -> Masks {
+        use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8};
+        let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+        // SAFETY: SSE2 is part of every x86_64 target; each load reads 16 of the block's 64 bytes (unaligned).
+        unsafe {
+            for k in 0..4 {
+                let v = _mm_loadu_si128(block.as_ptr().add(16 * k).cast::<__m128i>());
+                let eq = |v: __m128i, c: u8| u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(c as i8))) as u16) << (16 * k);
+                // '[' and '{' (and ']' and '}') differ in bit 0x20 alone: one compare finds both
+                let folded = _mm_or_si128(v, _mm_set1_epi8(0x20));
+                m.quote |= eq(v, b'"');
+                m.backslash |= eq(v, b'\\');
+                m.open |= eq(folded, b'{');
+                m.close |= eq(folded, b'}');
+            }
+        }
+        m
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn of(block: &[u8; 64]) -> Masks {
+        let mut m = Masks { quote: 0, backslash: 0, open: 0, close: 0 };
+        for (k, &c) in block.iter().enumerate() {
+            let bit = 1u64 << k;
+            match c {
+                b'"' => m.quote |= bit,
+                b'\\' => m.backslash |= bit,
+                b'{' | b'[' => m.open |= bit,
+                b'}' | b']' => m.close |= bit,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
+/// The end (exclusive) of the object or array whose opening bracket is at `start`: 64 bytes at a time
+/// ([`Brackets::block`]), the rest byte by byte.
+fn container_end(b: &[u8], start: usize) -> Option<usize> {
+    let mut walk = Brackets::default();
+    let mut i = start;
+    while let Some(block) = b.get(i..i + 64) {
+        if let Some(end) = walk.block(block.try_into().ok()?)? {
+            return Some(i + end);
+        }
+        i += 64;
+    }
+    walk.bytes(&b[i..])?.map(|end| i + end)
+}
 
 /// The range of the value starting at or after `i` (whitespace skipped): brackets and strings are followed, scalars
 /// run to the next delimiter. Nothing is decoded.
@@ -320,27 +441,7 @@ fn value(b: &[u8], i: usize) -> Option<Range<usize>> {
     let start = skip_ws(b, i);
     match *b.get(start)? {
         b'"' => Some(start..string_end(b, start)?),
-        b'{' | b'[' => {
-            let (mut depth, mut j) = (0usize, start);
-            loop {
-                j += b.get(j..)?.iter().position(|c| STRUCTURAL[*c as usize])?;
-                match b[j] {
-                    b'"' => {
-                        j = string_end(b, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(start..j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-        }
+        b'{' | b'[' => Some(start..container_end(b, start)?),
         _ => {
             let end = b[start..].iter().position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')).map_or(b.len(), |n| start + n);
             (end > start).then_some(start..end)
@@ -541,6 +642,73 @@ mod tests {
         assert_eq!(array_len(b, m[3].1.start), Some(0));
         assert!(object_members(br#"{"a": [1, 2}"#, 0).is_none(), "unbalanced");
         assert!(object_members(br#"{"a": "open}"#, 0).is_none(), "unterminated string");
+    }
+
+    /// A random JSON value of nesting `depth` from `rng` (an xorshift state): strings full of brackets, quotes and
+    /// backslashes escaped as JSON escapes them, long runs of plain bytes, so that block edges fall anywhere.
+    fn random_value(rng: &mut u64, depth: u32, out: &mut String) {
+        let mut next = || {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            *rng
+        };
+        match next() % if depth == 0 { 2 } else { 4 } {
+            0 => {
+                out.push('"');
+                for _ in 0..next() % 90 {
+                    out.push_str(["a", "{", "}", "[", "]", "\\\"", "\\\\", " ", "xyz", "\\n"][(next() % 10) as usize]);
+                }
+                out.push('"');
+            }
+            1 => out.push_str(&(next() % 100_000).to_string()),
+            2 => {
+                out.push('[');
+                let n = next() % 5;
+                for i in 0..n {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    random_value(rng, depth - 1, out);
+                }
+                out.push(']');
+            }
+            _ => {
+                out.push('{');
+                let n = next() % 5;
+                for i in 0..n {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&format!("\"k{i}\": "));
+                    random_value(rng, depth - 1, out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    #[test]
+    fn the_block_walk_ends_a_container_where_the_byte_walk_does() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for case in 0..3000 {
+            let mut v = String::new();
+            while !v.starts_with(['{', '[']) {
+                v.clear();
+                random_value(&mut rng, 1 + case % 6, &mut v);
+            }
+            // at every alignment, with more bytes after it
+            let pad = " ".repeat(case as usize % 64);
+            let doc = format!("{pad}{v}, [\"]\"]");
+            let start = pad.len();
+            assert_eq!(container_end(doc.as_bytes(), start), Some(start + v.len()), "{doc}");
+            let mut bytes = Brackets::default();
+            assert_eq!(bytes.bytes(&doc.as_bytes()[start..]), Some(Some(v.len())), "{doc}");
+            // cut short: no end
+            assert_eq!(container_end(&doc.as_bytes()[..start + v.len() - 1], start), None, "{doc}");
+        }
+        assert_eq!(container_end(b"{]}", 0), Some(2), "brackets are counted, not paired (the parser checks what is kept)");
+        assert_eq!(container_end(b"]", 0), None);
     }
 
     /// Not a test of behaviour: prints what the full and the recent parse of a long history cost here.
