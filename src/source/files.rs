@@ -108,12 +108,15 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         return Ok(full);
     }
     let parent = match snapshot.parent_snapshot_id() {
-        Some(p) => LiveFiles::recall(table, p).await,
+        Some(p) => LiveFiles::take(table, p).await,
         None => None,
     };
     if let Some(parent) = parent {
-        let live = parent.after(&out);
-        parent.add_older_to(&mut out);
+        // the parent's set becomes the snapshot's: taken out of the cache and changed in place (another loop at the
+        // same parent plans from the manifests instead), copied only while a plan elsewhere still holds it
+        let mut live = Arc::unwrap_or_clone(parent);
+        live.advance(&out);
+        live.add_older_to(&mut out);
         LiveFiles::keep(table, sid, live).await;
         return Ok(out);
     }
@@ -154,12 +157,13 @@ const FILE_BYTES: u64 = 512;
 /// The live files of one snapshot of a table: what its older manifests hold, known without reading them. Derived
 /// snapshot by snapshot from the parent's (minus what a snapshot's own manifests remove, plus what they add: by the
 /// spec they hold every file it adds or removes) and seeded by a full plan; kept process-wide by (table uuid,
-/// snapshot id) — a snapshot's files never change — within the manifests' memory share, least recently used out
-/// first. A snapshot without one is planned from the manifests as before.
+/// snapshot id) — a snapshot's files never change — in a cache as large as the manifests' (a sixteenth of
+/// `memory_budget`), least recently used out first. A table whose live files would take more than a quarter of it
+/// gets none; a snapshot without one is planned from the manifests as before.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LiveFiles {
-    data: HashMap<String, Arc<FileEntry>>,
-    deletes: HashMap<String, Arc<FileEntry>>,
+    data: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
+    deletes: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
 }
 
 impl LiveFiles {
@@ -167,8 +171,10 @@ impl LiveFiles {
     /// is planned from its manifests, as before).
     async fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
         if Self::would_fit(snapshot) {
-            let live =
-                LiveFiles { data: full.data_after.clone(), deletes: full.deletes_after.iter().map(|d| (d.path().to_string(), d.clone())).collect() };
+            let live = LiveFiles {
+                data: full.data_after.iter().map(|(p, f)| (p.clone(), f.clone())).collect(),
+                deletes: full.deletes_after.iter().map(|d| (d.path().to_string(), d.clone())).collect(),
+            };
             Self::keep(table, snapshot.snapshot_id(), live).await;
         }
     }
@@ -182,26 +188,24 @@ impl LiveFiles {
         }
     }
 
-    /// The live files after the snapshot whose own manifests gave `own`, these being its parent's.
-    fn after(&self, own: &SnapshotFiles) -> Self {
-        let mut next = self.clone();
+    /// Turns these live files of a snapshot's parent into the snapshot's, by what its own manifests gave (`own`).
+    fn advance(&mut self, own: &SnapshotFiles) {
         for path in own.data_before.keys().filter(|p| !own.data_after.contains_key(*p)) {
-            next.data.remove(path);
+            self.data.remove(path);
         }
         for (path, f) in &own.data_after {
-            next.data.insert(path.clone(), f.clone());
+            self.data.insert(path.clone(), f.clone());
         }
         for d in &own.deletes_before {
-            next.deletes.remove(d.path());
+            self.deletes.remove(d.path());
         }
         for d in &own.deletes_after {
-            next.deletes.insert(d.path().to_string(), d.clone());
+            self.deletes.insert(d.path().to_string(), d.clone());
         }
-        next
     }
 
-    /// The parent's live files the snapshot's own manifests do not list, as steps 2–3 of [`plan_changes`] would
-    /// read them from the older manifests: the data files a changed delete applies to, then the delete files that
+    /// The live files (of the snapshot or its parent: the same but for what the snapshot's own manifests list) that
+    /// its own manifests do not list, as steps 2–3 of [`plan_changes`] would read them from the older manifests: the data files a changed delete applies to, then the delete files that
     /// can apply to a data file of the plan (data sequence number at or above the lowest among them).
     fn add_older_to(&self, out: &mut SnapshotFiles) {
         if !out.changed_deletes.is_empty() {
@@ -239,8 +243,9 @@ impl LiveFiles {
         Self::cache().insert((table.metadata().uuid().to_string(), snapshot), Arc::new(live)).await;
     }
 
-    async fn recall(table: &Table, snapshot: i64) -> Option<Arc<LiveFiles>> {
-        Self::cache().get(&(table.metadata().uuid().to_string(), snapshot)).await
+    /// The live files of `snapshot`, taken out of the cache.
+    async fn take(table: &Table, snapshot: i64) -> Option<Arc<LiveFiles>> {
+        Self::cache().remove(&(table.metadata().uuid().to_string(), snapshot)).await
     }
 }
 
@@ -320,7 +325,8 @@ pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -
 static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
 static CACHE: std::sync::OnceLock<moka::future::Cache<String, Arc<Manifest>>> = std::sync::OnceLock::new();
 
-/// Sizes the cache of parsed manifests to a sixteenth of `memory_budget`; effective only before the first manifest
+/// Sizes the cache of parsed manifests (and that of live files, [`LiveFiles`]) to a sixteenth of `memory_budget` each;
+/// effective only before the first manifest
 /// is read (the service and `cdc sync` call it once the configuration is loaded).
 pub fn size_manifest_cache(memory_budget: u64) {
     CACHE_BYTES.store((memory_budget / 16).max(1 << 20), std::sync::atomic::Ordering::Relaxed);
@@ -502,14 +508,16 @@ fn ranges_disjoint(delete: &DataFile, data: &DataFile, id: i32) -> bool {
     if !no_null_meets_null {
         return false;
     }
-    let bounds = |f: &DataFile| Some((f.lower_bounds().get(&id)?.clone(), f.upper_bounds().get(&id)?.clone()));
-    let (Some((del_lo, del_hi)), Some((lo, hi))) = (bounds(delete), bounds(data)) else {
+    fn bounds(f: &DataFile, id: i32) -> Option<(&Datum, &Datum)> {
+        Some((f.lower_bounds().get(&id)?, f.upper_bounds().get(&id)?))
+    }
+    let (Some((del_lo, del_hi)), Some((lo, hi))) = (bounds(delete, id), bounds(data, id)) else {
         return false;
     };
     if matches!(del_lo.data_type(), PrimitiveType::Float | PrimitiveType::Double) {
         return false;
     }
-    del_hi.partial_cmp(&lo) == Some(Ordering::Less) || del_lo.partial_cmp(&hi) == Some(Ordering::Greater)
+    del_hi.partial_cmp(lo) == Some(Ordering::Less) || del_lo.partial_cmp(hi) == Some(Ordering::Greater)
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! elements it kept); the next walk hashes that many bytes of the new array (GB/s, against the walk's hundreds of
 //! MB/s) and, when they match, walks only the elements after them. Whatever does not match (snapshots expired, a
 //! file rewritten by another writer, a walk from an older sequence number, a named snapshot the last walk dropped)
-//! is walked in full, so a memo changes the cost, never the result.
+//! is walked in full, so a memo changes the cost, never the result. A file listing its snapshots out of commit order
+//! (iceberg-rust writes them in a hash map's order) leaves no memo: its writer does not append.
 //!
 //! Invariants: every member other than `snapshots` and `snapshot-log` is passed on byte for byte; a kept snapshot or
 //! log entry is passed on byte for byte; kept are the snapshots with a sequence number at or above `since`, the
@@ -32,11 +33,12 @@ use iceberg::spec::TableMetadata;
 /// Parses metadata file `bytes`, keeping the snapshots with a sequence number of at least `since` (and those the
 /// table names: current, refs); also returns how many were dropped (0: the whole file was parsed) and what the next
 /// call can reuse ([`Memo`]; `None` when the walk did not understand the file). `memo`: what the call on the
-/// previous metadata file of the same table returned. See the module header.
+/// previous metadata file of the same table returned (`None` as well when the file lists its snapshots out of
+/// commit order). See the module header.
 pub(crate) fn parse_recent(bytes: &[u8], since: i64, memo: Option<&Memo>) -> serde_json::Result<(TableMetadata, usize, Option<Memo>)> {
     match trimmed(bytes, since, memo) {
-        Some(t) if t.dropped > 0 => Ok((serde_json::from_slice(&t.doc)?, t.dropped, Some(t.memo))),
-        t => Ok((serde_json::from_slice(bytes)?, 0, t.map(|t| t.memo))),
+        Some(t) if t.dropped > 0 => Ok((serde_json::from_slice(&t.doc)?, t.dropped, t.memo)),
+        t => Ok((serde_json::from_slice(bytes)?, 0, t.and_then(|t| t.memo))),
     }
 }
 
@@ -90,7 +92,8 @@ struct Trimmed {
     /// The document without the dropped snapshots and their log entries (empty when none was dropped).
     doc: Vec<u8>,
     dropped: usize,
-    memo: Memo,
+    /// `None` when the snapshots are not in commit order.
+    memo: Option<Memo>,
 }
 
 /// The document without the snapshots older than `since` and their log entries, how many were dropped, and the
@@ -148,7 +151,11 @@ fn trimmed(b: &[u8], since: i64, memo: Option<&Memo>) -> Option<Trimmed> {
     }
     let dropped = snapshots.dropped + snapshots.elements.len() - kept.len();
     let log_kept: Vec<&Element> = log.as_ref().map(|l| l.elements.iter().filter(|e| kept_ids.contains(&e.id)).collect()).unwrap_or_default();
-    let memo = Memo { since, snapshots: snapshots.prefix(b, &kept), log: log.as_ref().map(|l| l.prefix(b, &log_kept)).unwrap_or_default() };
+    // a writer that appends lists its snapshots in commit order; one that does not (iceberg-rust writes them in a
+    // hash map's order) gets no memo: its next file would not start the same, and hashing would be wasted
+    let appends = snapshots.elements.windows(2).all(|w| w[0].seq <= w[1].seq);
+    let memo =
+        appends.then(|| Memo { since, snapshots: snapshots.prefix(b, &kept), log: log.as_ref().map(|l| l.prefix(b, &log_kept)).unwrap_or_default() });
     if dropped == 0 {
         return Some(Trimmed { doc: Vec::new(), dropped, memo });
     }
@@ -594,7 +601,7 @@ mod tests {
     /// The trimmed document, the number dropped and the memo of `doc` (which the walk must understand).
     fn trim(doc: &str, since: i64, memo: Option<&Memo>) -> (Vec<u8>, usize, Memo) {
         let t = trimmed(doc.as_bytes(), since, memo).expect("understood");
-        (t.doc, t.dropped, t.memo)
+        (t.doc, t.dropped, t.memo.expect("in commit order"))
     }
 
     #[test]
@@ -628,6 +635,10 @@ mod tests {
         assert_eq!(doc_tagged, trim(&tagged, memo.since, None).0);
         let meta: TableMetadata = serde_json::from_slice(&doc_tagged).unwrap();
         assert!(meta.snapshot_by_id(1003).is_some(), "the newly tagged snapshot is kept");
+        // snapshots out of commit order (iceberg-rust writes a hash map's order): trimmed, but no memo
+        let unordered = history(20).replacen(r#""sequence-number": 2,"#, r#""sequence-number": 9,"#, 1);
+        let t = trimmed(unordered.as_bytes(), 15, None).unwrap();
+        assert!(t.dropped > 0 && t.memo.is_none());
     }
 
     #[test]
