@@ -112,8 +112,10 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         None => None,
     };
     if let Some(parent) = parent {
-        // the parent's set becomes the snapshot's: taken out of the cache and changed in place (another loop at the
-        // same parent plans from the manifests instead), copied only while a plan elsewhere still holds it
+        // the parent's set becomes the snapshot's: taken out of the cache (another loop at the same parent plans from
+        // the manifests instead) and changed in place — but moka drops its own reference only in its housekeeping,
+        // so today the set is mostly copied here (`perf`: ~6 % of a poll at 3 000 live files; a map under a mutex
+        // would hand it over)
         let mut live = Arc::unwrap_or_clone(parent);
         live.advance(&out);
         live.add_older_to(&mut out);
@@ -205,8 +207,9 @@ impl LiveFiles {
     }
 
     /// The live files (of the snapshot or its parent: the same but for what the snapshot's own manifests list) that
-    /// its own manifests do not list, as steps 2–3 of [`plan_changes`] would read them from the older manifests: the data files a changed delete applies to, then the delete files that
-    /// can apply to a data file of the plan (data sequence number at or above the lowest among them).
+    /// its own manifests do not list, as steps 2–3 of [`plan_changes`] would read them from the older manifests:
+    /// the data files a changed delete applies to, then the delete files that can apply to a data file of the plan
+    /// (data sequence number at or above the lowest among them).
     fn add_older_to(&self, out: &mut SnapshotFiles) {
         if !out.changed_deletes.is_empty() {
             for (path, f) in &self.data {
@@ -224,8 +227,8 @@ impl LiveFiles {
         out.deletes_after.extend(older);
     }
 
-    /// The process's live-file sets by (table uuid, snapshot id), weighed as the manifest cache weighs a file
-    /// entry, within the same share of the memory budget.
+    /// The process's live-file sets by (table uuid, snapshot id), [`FILE_BYTES`] a file, as large as the manifest
+    /// cache (a share of the memory budget of its own).
     fn cache() -> &'static moka::future::Cache<(String, i64), Arc<LiveFiles>> {
         static LIVE: std::sync::OnceLock<moka::future::Cache<(String, i64), Arc<LiveFiles>>> = std::sync::OnceLock::new();
         LIVE.get_or_init(|| {
@@ -325,9 +328,9 @@ pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -
 static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
 static CACHE: std::sync::OnceLock<moka::future::Cache<String, Arc<Manifest>>> = std::sync::OnceLock::new();
 
-/// Sizes the cache of parsed manifests (and that of live files, [`LiveFiles`]) to a sixteenth of `memory_budget` each;
-/// effective only before the first manifest
-/// is read (the service and `cdc sync` call it once the configuration is loaded).
+/// Sizes the cache of parsed manifests (and that of live files, [`LiveFiles`]) to a sixteenth of `memory_budget`
+/// each; effective only before the first manifest is read (the service and `cdc sync` call it once the
+/// configuration is loaded).
 pub fn size_manifest_cache(memory_budget: u64) {
     CACHE_BYTES.store((memory_budget / 16).max(1 << 20), std::sync::atomic::Ordering::Relaxed);
 }
