@@ -69,8 +69,9 @@ if [ ${#debs[@]} -gt 0 ]; then
 fi
 command -v promtool >/dev/null && command -v chromium >/dev/null && command -v podman >/dev/null
 # crun refuses a hybrid cgroup layout whose cgroup2 part still holds a controller (this machine leaves hugetlb there):
-# bind each such controller to a v1 hierarchy of its own, as the others are
-if [ -s /sys/fs/cgroup/unified/cgroup.controllers ]; then
+# bind each such controller to a v1 hierarchy of its own, as the others are (read the file: cgroupfs files report
+# size 0, so `-s` never sees one)
+if [ -n "$(cat /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null)" ]; then
   for c in $(cat /sys/fs/cgroup/unified/cgroup.controllers); do
     echo "setup-peers: moving cgroup controller $c from cgroup2 to a v1 hierarchy (for crun)" >&2
     $sudo mkdir -p "/sys/fs/cgroup/$c" && $sudo mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
