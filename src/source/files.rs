@@ -104,28 +104,25 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     if !summary_agrees(snapshot, &out) {
         tracing::debug!(snapshot = sid, "the snapshot's own manifests do not hold what its summary counts; reading every manifest");
         let full = plan(table, snapshot, concurrency).await?;
-        LiveFiles::remember(table, snapshot, &full).await;
+        LiveFiles::remember(table, snapshot, &full);
         return Ok(full);
     }
     let parent = match snapshot.parent_snapshot_id() {
-        Some(p) => LiveFiles::take(table, p).await,
+        Some(p) => LiveFiles::take(table, p),
         None => None,
     };
-    if let Some(parent) = parent {
-        // the parent's set becomes the snapshot's: taken out of the cache (another loop at the same parent plans from
-        // the manifests instead) and changed in place — but moka drops its own reference only in its housekeeping,
-        // so today the set is mostly copied here (`perf`: ~6 % of a poll at 3 000 live files; a map under a mutex
-        // would hand it over)
-        let mut live = Arc::unwrap_or_clone(parent);
+    if let Some(mut live) = parent {
+        // the parent's set becomes the snapshot's, changed in place (another loop at the same parent meanwhile plans
+        // from the manifests)
         live.advance(&out);
         live.add_older_to(&mut out);
-        LiveFiles::keep(table, sid, live).await;
+        LiveFiles::keep(table, sid, live);
         return Ok(out);
     }
     if !out.changed_deletes.is_empty() && older.len() > LIVE_FILES_AFTER && LiveFiles::would_fit(snapshot) {
         // the older manifests would be read anyway: read them all once, and the next snapshots read none
         let full = plan(table, snapshot, concurrency).await?;
-        LiveFiles::remember(table, snapshot, &full).await;
+        LiveFiles::remember(table, snapshot, &full);
         return Ok(full);
     }
     let (data, deletes): (Vec<_>, Vec<_>) = older.into_iter().partition(|mf| mf.content == ManifestContentType::Data);
@@ -159,10 +156,10 @@ const FILE_BYTES: u64 = 512;
 /// The live files of one snapshot of a table: what its older manifests hold, known without reading them. Derived
 /// snapshot by snapshot from the parent's (minus what a snapshot's own manifests remove, plus what they add: by the
 /// spec they hold every file it adds or removes) and seeded by a full plan; kept process-wide by (table uuid,
-/// snapshot id) — a snapshot's files never change — in a cache as large as the manifests' (a sixteenth of
-/// `memory_budget`), least recently used out first. A table whose live files would take more than a quarter of it
+/// snapshot id) — a snapshot's files never change — within a size as large as the manifest cache's (a sixteenth of
+/// `memory_budget`), the set kept longest ago out first. A table whose live files would take more than a quarter of it
 /// gets none; a snapshot without one is planned from the manifests as before.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct LiveFiles {
     data: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
     deletes: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
@@ -171,13 +168,13 @@ pub(crate) struct LiveFiles {
 impl LiveFiles {
     /// Keeps the live files after `snapshot` from its [`plan`] when they fit the cache (a table too large for it
     /// is planned from its manifests, as before).
-    async fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
+    fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
         if Self::would_fit(snapshot) {
             let live = LiveFiles {
                 data: full.data_after.iter().map(|(p, f)| (p.clone(), f.clone())).collect(),
                 deletes: full.deletes_after.iter().map(|d| (d.path().to_string(), d.clone())).collect(),
             };
-            Self::keep(table, snapshot.snapshot_id(), live).await;
+            Self::keep(table, snapshot.snapshot_id(), live);
         }
     }
 
@@ -227,28 +224,62 @@ impl LiveFiles {
         out.deletes_after.extend(older);
     }
 
-    /// The process's live-file sets by (table uuid, snapshot id), [`FILE_BYTES`] a file, as large as the manifest
-    /// cache (a share of the memory budget of its own).
-    fn cache() -> &'static moka::future::Cache<(String, i64), Arc<LiveFiles>> {
-        static LIVE: std::sync::OnceLock<moka::future::Cache<(String, i64), Arc<LiveFiles>>> = std::sync::OnceLock::new();
-        LIVE.get_or_init(|| {
-            moka::future::Cache::builder()
-                .weigher(|_: &(String, i64), l: &Arc<LiveFiles>| {
-                    let files = (l.data.len() + l.deletes.len()) as u64 * FILE_BYTES;
-                    u32::try_from(files).unwrap_or(u32::MAX)
-                })
-                .max_capacity(CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
-                .build()
-        })
+    /// What this set takes in memory, as the budget counts it ([`FILE_BYTES`] a file).
+    fn bytes(&self) -> u64 {
+        (self.data.len() + self.deletes.len()) as u64 * FILE_BYTES
     }
 
-    async fn keep(table: &Table, snapshot: i64, live: LiveFiles) {
-        Self::cache().insert((table.metadata().uuid().to_string(), snapshot), Arc::new(live)).await;
+    /// The process's live-file sets by (table uuid, snapshot id), each with the tick it was last kept at. A plain map
+    /// under a mutex (held for a lookup, never across an await): a set is moved out and back in, never copied.
+    fn sets() -> &'static std::sync::Mutex<LiveSets> {
+        static LIVE: std::sync::OnceLock<std::sync::Mutex<LiveSets>> = std::sync::OnceLock::new();
+        LIVE.get_or_init(Default::default)
     }
 
-    /// The live files of `snapshot`, taken out of the cache.
-    async fn take(table: &Table, snapshot: i64) -> Option<Arc<LiveFiles>> {
-        Self::cache().remove(&(table.metadata().uuid().to_string(), snapshot)).await
+    /// Keeps `live` as the live files of `snapshot` (see [`LiveSets::keep`]).
+    fn keep(table: &Table, snapshot: i64, live: LiveFiles) {
+        let limit = CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+        Self::sets().lock().unwrap_or_else(|e| e.into_inner()).keep((table.metadata().uuid().to_string(), snapshot), live, limit);
+    }
+
+    /// The live files of `snapshot`, taken out (whoever plans its child next owns them).
+    fn take(table: &Table, snapshot: i64) -> Option<LiveFiles> {
+        Self::sets().lock().unwrap_or_else(|e| e.into_inner()).take(&(table.metadata().uuid().to_string(), snapshot))
+    }
+}
+
+/// The live-file sets a process keeps ([`LiveFiles::sets`]), by (table uuid, snapshot id).
+#[derive(Debug, Default)]
+struct LiveSets {
+    by_snapshot: HashMap<(String, i64), (u64, LiveFiles)>,
+    /// What they take, by [`LiveFiles::bytes`].
+    bytes: u64,
+    /// Counts `keep`s: the order sets were kept in.
+    tick: u64,
+}
+
+impl LiveSets {
+    /// Keeps `live` under `key`; while the sets take more than `limit` bytes, the one kept longest ago goes (a table
+    /// gone idle frees its share).
+    fn keep(&mut self, key: (String, i64), live: LiveFiles, limit: u64) {
+        self.tick += 1;
+        self.bytes += live.bytes();
+        if let Some((_, old)) = self.by_snapshot.insert(key, (self.tick, live)) {
+            self.bytes -= old.bytes();
+        }
+        while self.bytes > limit {
+            let Some(oldest) = self.by_snapshot.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) else { break };
+            if let Some((_, gone)) = self.by_snapshot.remove(&oldest) {
+                self.bytes -= gone.bytes();
+            }
+        }
+    }
+
+    /// The set under `key`, taken out.
+    fn take(&mut self, key: &(String, i64)) -> Option<LiveFiles> {
+        let (_, live) = self.by_snapshot.remove(key)?;
+        self.bytes -= live.bytes();
+        Some(live)
     }
 }
 
@@ -542,6 +573,38 @@ mod tests {
             b.equality_ids(Some(vec![1]));
         }
         b.build().unwrap()
+    }
+
+    #[test]
+    fn live_file_sets_are_handed_over_and_the_one_kept_longest_ago_goes_first() {
+        let set = |files: usize| {
+            let mut live = LiveFiles::default();
+            for i in 0..files {
+                let mut b = DataFileBuilder::default();
+                b.content(DataContentType::Data).file_path(format!("f{i}")).file_format(DataFileFormat::Parquet).record_count(1).file_size_in_bytes(1);
+                let f = FileEntry { file: b.build().unwrap(), seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None };
+                live.data.insert(format!("f{i}"), Arc::new(f));
+            }
+            live
+        };
+        let key = |t: &str, s: i64| (t.to_string(), s);
+        let mut sets = LiveSets::default();
+        let limit = 5 * FILE_BYTES;
+        sets.keep(key("a", 1), set(2), limit);
+        sets.keep(key("b", 1), set(2), limit);
+        assert_eq!(sets.bytes, 4 * FILE_BYTES);
+        // a's next snapshot: its parent's set taken out and kept again, now the most recent
+        let a = sets.take(&key("a", 1)).expect("a's set");
+        assert!(sets.take(&key("a", 1)).is_none(), "taken sets are gone");
+        sets.keep(key("a", 2), a, limit);
+        // one more set over the limit: b, kept longest ago, goes; a stays
+        sets.keep(key("c", 1), set(2), limit);
+        assert_eq!(sets.bytes, 4 * FILE_BYTES);
+        assert!(sets.take(&key("b", 1)).is_none());
+        assert_eq!(sets.take(&key("a", 2)).map(|l| l.data.len()), Some(2));
+        // a set kept again under the same key replaces the old one's bytes
+        sets.keep(key("c", 1), set(3), limit);
+        assert_eq!(sets.bytes, 3 * FILE_BYTES);
     }
 
     #[test]
