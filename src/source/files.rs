@@ -352,7 +352,10 @@ async fn load(table: &Table, manifests: Vec<ManifestFile>, concurrency: usize) -
 /// The parsed manifest `mf` names, from the process's cache ([`cached`]) or read and parsed once.
 pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -> Result<Arc<Manifest>> {
     let path = mf.manifest_path.clone();
-    cached().try_get_with(path.clone(), async { mf.load_manifest(file_io).await.map(Arc::new) }).await.map_err(|e| Error::data_from(path, e))
+    cached()
+        .try_get_with(path.clone(), async { crate::spec::manifest::load(file_io, mf).await.map(Arc::new) })
+        .await
+        .map_err(|e| Error::data_from(path, e))
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.
@@ -581,7 +584,11 @@ mod tests {
             let mut live = LiveFiles::default();
             for i in 0..files {
                 let mut b = DataFileBuilder::default();
-                b.content(DataContentType::Data).file_path(format!("f{i}")).file_format(DataFileFormat::Parquet).record_count(1).file_size_in_bytes(1);
+                b.content(DataContentType::Data)
+                    .file_path(format!("f{i}"))
+                    .file_format(DataFileFormat::Parquet)
+                    .record_count(1)
+                    .file_size_in_bytes(1);
                 let f = FileEntry { file: b.build().unwrap(), seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None };
                 live.data.insert(format!("f{i}"), Arc::new(f));
             }

@@ -3,9 +3,9 @@
 //! A table that is not maintained gets one more manifest per commit, and every new snapshot's manifest list names
 //! all of them: following one small commit reads a list that grows with the history. iceberg-rust decodes it
 //! through Avro's generic `Value` tree and serde (a map of boxed values per entry), which made the list the
-//! largest cost of a commit at the end of a long history. This module reads the Avro container itself (header,
-//! blocks, the null/deflate/snappy/zstd codecs) and decodes each record by the writer's schema straight into
-//! iceberg-rust's `ManifestFile`, borrowing bytes until a value is kept: the same entries for a fraction of the CPU.
+//! largest cost of a commit at the end of a long history. This module reads the Avro container itself
+//! ([`super::avro`]) and decodes each record by the writer's schema straight into iceberg-rust's `ManifestFile`,
+//! borrowing bytes until a value is kept: the same entries for a fraction of the CPU.
 //!
 //! Fields are found by name, as the writer's schema names them: `added_files_count` and its pre-1.5 name
 //! `added_data_files_count` (and the other counts alike) both count; a v1 list has no `content` or sequence numbers
@@ -16,13 +16,12 @@
 //!
 //! [`read`] keeps decoded lists in a small process-wide cache keyed by path: a list never changes once written, and
 //! a target reads its parent's list at each commit.
-use std::io::Read;
 use std::sync::Arc;
 
 use iceberg::io::FileIO;
 use iceberg::spec::{FieldSummary, FormatVersion, ManifestContentType, ManifestFile, ManifestList, SnapshotRef};
-use serde_json::Value as Json;
 
+use super::avro::{Container, Cursor, Shape, Val};
 use crate::error::{Error, Result};
 
 /// The manifests `snapshot`'s list names, decoded once per process (see the module docs).
@@ -52,224 +51,16 @@ pub(crate) fn parse(bytes: &[u8], version: FormatVersion) -> std::result::Result
     }
 }
 
-/// The most bytes one block may decompress to (a list's blocks are tens of KB).
-const MAX_BLOCK: u64 = 64 << 20;
-
 /// The entries of the list in `bytes`, or `None` for anything unexpected (see the module docs).
 fn lean(bytes: &[u8]) -> Option<Vec<ManifestFile>> {
-    let mut c = Cursor { b: bytes.strip_prefix(b"Obj\x01")? };
-    let (mut schema, mut codec) = (None, None);
-    loop {
-        let n = c.count()?;
-        if n == 0 {
-            break;
-        }
-        for _ in 0..n {
-            let key = c.bytes()?;
-            let value = c.bytes()?;
-            match key {
-                b"avro.schema" => schema = Some(serde_json::from_slice::<Json>(value).ok()?),
-                b"avro.codec" => codec = Some(value),
-                _ => {}
-            }
-        }
-    }
-    let sync = c.take(16)?;
-    let shape = Shape::of(&schema?)?;
+    let container = Container::open(bytes)?;
+    let shape = Shape::of(&container.schema()?)?;
     let Shape::Record(fields) = &shape else { return None };
     let slots: Vec<Slot> = fields.iter().map(|(name, _)| Slot::of(name)).collect();
     let summary_fields = fields.iter().find(|(n, _)| n == "partitions").map(|(_, s)| s.record_fields()).unwrap_or_default();
     let mut out = Vec::new();
-    while !c.b.is_empty() {
-        let count = c.count()?;
-        let size = usize::try_from(c.long()?).ok()?;
-        let raw = c.take(size)?;
-        if c.take(16)? != sync {
-            return None;
-        }
-        let block = decompress(codec.unwrap_or(b"null"), raw)?;
-        let mut d = Cursor { b: &block };
-        for _ in 0..count {
-            out.push(entry(&mut d, fields, &slots, &summary_fields)?);
-        }
-        if !d.b.is_empty() {
-            return None;
-        }
-    }
+    container.for_each(|c| Some(out.push(entry(c, fields, &slots, &summary_fields)?)))?;
     Some(out)
-}
-
-/// A block's data as stored with `codec`.
-fn decompress<'a>(codec: &[u8], raw: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
-    let mut out = Vec::new();
-    match codec {
-        b"null" => return Some(std::borrow::Cow::Borrowed(raw)),
-        b"deflate" => {
-            flate2::read::DeflateDecoder::new(raw).take(MAX_BLOCK).read_to_end(&mut out).ok()?;
-        }
-        b"zstandard" => {
-            zstd::stream::read::Decoder::new(raw).ok()?.take(MAX_BLOCK).read_to_end(&mut out).ok()?;
-        }
-        b"snappy" => {
-            // the compressed bytes, then the CRC-32 of the uncompressed ones (big-endian)
-            let (data, crc) = raw.split_at_checked(raw.len().checked_sub(4)?)?;
-            if snap::raw::decompress_len(data).ok()? as u64 > MAX_BLOCK {
-                return None;
-            }
-            out = snap::raw::Decoder::new().decompress_vec(data).ok()?;
-            if crc32fast::hash(&out).to_be_bytes() != crc {
-                return None;
-            }
-        }
-        _ => return None,
-    }
-    Some(std::borrow::Cow::Owned(out))
-}
-
-/// The Avro types a manifest list is made of.
-#[derive(Debug)]
-enum Shape {
-    Null,
-    Boolean,
-    Int,
-    Long,
-    Bytes,
-    String,
-    Record(Vec<(String, Shape)>),
-    Array(Box<Shape>),
-    Union(Vec<Shape>),
-}
-
-impl Shape {
-    /// The shape of an Avro schema (JSON), or `None` for one a manifest list does not use (named references,
-    /// maps, enums, fixed, floating point).
-    fn of(j: &Json) -> Option<Self> {
-        Some(match j {
-            Json::String(t) => Self::primitive(t)?,
-            Json::Array(options) => Self::Union(options.iter().map(Self::of).collect::<Option<_>>()?),
-            Json::Object(o) => match o.get("type")? {
-                Json::String(t) if t == "record" => Self::Record(
-                    o.get("fields")?
-                        .as_array()?
-                        .iter()
-                        .map(|f| Some((f.get("name")?.as_str()?.to_string(), Self::of(f.get("type")?)?)))
-                        .collect::<Option<_>>()?,
-                ),
-                Json::String(t) if t == "array" => Self::Array(Box::new(Self::of(o.get("items")?)?)),
-                // a logical type over a primitive reads as the primitive
-                Json::String(t) => Self::primitive(t)?,
-                nested => Self::of(nested)?,
-            },
-            _ => return None,
-        })
-    }
-
-    /// The field names of the record this shape holds, through unions and arrays (none when it holds no record).
-    fn record_fields(&self) -> Vec<&str> {
-        match self {
-            Self::Record(fields) => fields.iter().map(|(n, _)| n.as_str()).collect(),
-            Self::Array(items) => items.record_fields(),
-            Self::Union(options) => options.iter().map(Self::record_fields).find(|f| !f.is_empty()).unwrap_or_default(),
-            _ => Vec::new(),
-        }
-    }
-
-    fn primitive(t: &str) -> Option<Self> {
-        Some(match t {
-            "null" => Self::Null,
-            "boolean" => Self::Boolean,
-            "int" => Self::Int,
-            "long" => Self::Long,
-            "bytes" => Self::Bytes,
-            "string" => Self::String,
-            _ => return None,
-        })
-    }
-}
-
-/// One decoded value, borrowing its bytes from the block.
-#[derive(Debug)]
-enum Val<'a> {
-    Null,
-    Bool(bool),
-    Long(i64),
-    Bytes(&'a [u8]),
-    Record(Vec<Val<'a>>),
-    Array(Vec<Val<'a>>),
-}
-
-/// Avro's binary encoding over a byte slice; every read checks what is left.
-struct Cursor<'a> {
-    b: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.b.split_at_checked(n)?;
-        self.b = rest;
-        Some(head)
-    }
-
-    /// A zig-zag varint of at most 10 bytes.
-    fn long(&mut self) -> Option<i64> {
-        let mut z = 0u64;
-        for shift in (0..70).step_by(7) {
-            let (&byte, rest) = self.b.split_first()?;
-            self.b = rest;
-            z |= u64::from(byte & 0x7f).checked_shl(shift)?;
-            if byte & 0x80 == 0 {
-                return Some((z >> 1) as i64 ^ -((z & 1) as i64));
-            }
-        }
-        None
-    }
-
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let n = usize::try_from(self.long()?).ok()?;
-        self.take(n)
-    }
-
-    /// A block's item count (a negative one is followed by the block's byte size), no larger than the bytes left:
-    /// every item takes at least one byte, so a larger count is damage.
-    fn count(&mut self) -> Option<usize> {
-        let n = self.long()?;
-        if n < 0 {
-            self.long()?;
-        }
-        let n = usize::try_from(n.checked_abs()?).ok()?;
-        (n <= self.b.len()).then_some(n)
-    }
-
-    fn value(&mut self, shape: &Shape) -> Option<Val<'a>> {
-        Some(match shape {
-            Shape::Null => Val::Null,
-            Shape::Boolean => match self.take(1)?[0] {
-                0 => Val::Bool(false),
-                1 => Val::Bool(true),
-                _ => return None,
-            },
-            Shape::Int | Shape::Long => Val::Long(self.long()?),
-            Shape::Bytes => Val::Bytes(self.bytes()?),
-            Shape::String => Val::Bytes(self.bytes().filter(|b| std::str::from_utf8(b).is_ok())?),
-            Shape::Record(fields) => Val::Record(fields.iter().map(|(_, f)| self.value(f)).collect::<Option<_>>()?),
-            Shape::Array(items) => {
-                let mut out = Vec::new();
-                loop {
-                    let n = self.count()?;
-                    if n == 0 {
-                        break Val::Array(out);
-                    }
-                    for _ in 0..n {
-                        out.push(self.value(items)?);
-                    }
-                }
-            }
-            Shape::Union(options) => {
-                let branch = options.get(usize::try_from(self.long()?).ok()?)?;
-                self.value(branch)?
-            }
-        })
-    }
 }
 
 /// Which `ManifestFile` field a top-level field of the list's record fills.

@@ -1,9 +1,11 @@
 //! Iceberg-spec helpers that both the read side (`source`) and the write side (`sink`) use: lineage of a table's main
 //! branch, the deletion-vector codec, projecting Arrow data by Iceberg field id, and encoding any Iceberg type for
 //! row comparison. Neither side imports the other; both import this.
+mod avro;
 pub(crate) mod dv;
 pub(crate) mod integrity;
 pub mod lineage;
+pub(crate) mod manifest;
 pub(crate) mod manifest_list;
 pub(crate) mod name_mapping;
 #[cfg(test)]
