@@ -51,9 +51,10 @@ impl<'a> Container<'a> {
         serde_json::from_slice(self.get("avro.schema")?).ok()
     }
 
-    /// Calls `record` once per record, with a cursor at its start (it must read the whole record); `None` when a
-    /// block is damaged or a call fails.
-    pub(super) fn for_each(mut self, mut record: impl FnMut(&mut Cursor<'_>) -> Option<()>) -> Option<()> {
+    /// Every record, each decoded by `record` from a cursor at its start (it must read the whole record); `None`
+    /// when a block is damaged or a record fails.
+    pub(super) fn records<T>(mut self, mut record: impl FnMut(&mut Cursor<'_>) -> Option<T>) -> Option<Vec<T>> {
+        let mut out = Vec::new();
         while !self.rest.b.is_empty() {
             let count = self.rest.count()?;
             let size = usize::try_from(self.rest.long()?).ok()?;
@@ -64,13 +65,13 @@ impl<'a> Container<'a> {
             let block = decompress(self.codec, raw)?;
             let mut d = Cursor { b: &block };
             for _ in 0..count {
-                record(&mut d)?;
+                out.push(record(&mut d)?);
             }
             if !d.b.is_empty() {
                 return None;
             }
         }
-        Some(())
+        Some(out)
     }
 }
 

@@ -99,15 +99,15 @@ fn inherit(e: &mut ManifestEntry, mf: &ManifestFile) {
 fn lean(bytes: &[u8]) -> Option<Parts> {
     let container = Container::open(bytes)?;
     let header = header(&container)?;
-    let mut entries = Vec::new();
-    container.for_each(|c| Some(entries.push(header.entry(c)?)))?;
+    let entries = container.records(|c| header.entry(c))?;
     Some((header.metadata.clone(), entries))
 }
 
 /// The decoding plan of `container`'s header, worked out once per distinct header (up to 256 kept; then they start
 /// over).
 fn header(container: &Container<'_>) -> Option<Arc<Header>> {
-    static HEADERS: OnceLock<Mutex<HashMap<Vec<u8>, Arc<Header>, ahash::RandomState>>> = OnceLock::new();
+    type Headers = HashMap<Vec<u8>, Arc<Header>, ahash::RandomState>;
+    static HEADERS: OnceLock<Mutex<Headers>> = OnceLock::new();
     let headers = HEADERS.get_or_init(Default::default);
     if let Some(h) = headers.lock().unwrap_or_else(|e| e.into_inner()).get(container.header) {
         return Some(h.clone());
@@ -515,7 +515,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_lean_decoder_reads_what_iceberg_rust_reads_in_every_version_and_content() {
-        let specs: Vec<(Vec<(i32, Transform)>, Vec<Option<Literal>>)> = vec![
+        type Spec = (Vec<(i32, Transform)>, Vec<Option<Literal>>);
+        let specs: Vec<Spec> = vec![
             (vec![], vec![]),
             (
                 vec![(2, Transform::Identity), (3, Transform::Day), (1, Transform::Bucket(8)), (4, Transform::Hour), (6, Transform::Identity)],

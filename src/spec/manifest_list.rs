@@ -58,9 +58,7 @@ fn lean(bytes: &[u8]) -> Option<Vec<ManifestFile>> {
     let Shape::Record(fields) = &shape else { return None };
     let slots: Vec<Slot> = fields.iter().map(|(name, _)| Slot::of(name)).collect();
     let summary_fields = fields.iter().find(|(n, _)| n == "partitions").map(|(_, s)| s.record_fields()).unwrap_or_default();
-    let mut out = Vec::new();
-    container.for_each(|c| Some(out.push(entry(c, fields, &slots, &summary_fields)?)))?;
-    Some(out)
+    container.records(|c| entry(c, fields, &slots, &summary_fields))
 }
 
 /// Which `ManifestFile` field a top-level field of the list's record fills.
