@@ -94,9 +94,20 @@ pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> 
 /// manifests hold exactly the parent's live files that the snapshot's own manifests do not list.
 pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let sid = snapshot.snapshot_id();
-    let list = manifest_list(table, snapshot).await?;
-    let (own, older): (Vec<&ManifestFile>, Vec<_>) = list.iter().partition(|mf| mf.added_snapshot_id == sid);
-    let own: Vec<ManifestFile> = own.into_iter().cloned().collect();
+    // the parent's live files, when known, stand for every older manifest: of the list, only the snapshot's own
+    // entries are decoded
+    let parent = snapshot.parent_snapshot_id().and_then(|p| LiveFiles::take(table, p));
+    let list = match parent {
+        Some(_) => None,
+        None => Some(manifest_list(table, snapshot).await?),
+    };
+    let (own, older): (Vec<ManifestFile>, Vec<&ManifestFile>) = match &list {
+        None => (crate::spec::manifest_list::read_own(table.file_io(), snapshot, table.metadata().format_version()).await?, Vec::new()),
+        Some(list) => {
+            let (own, older): (Vec<&ManifestFile>, Vec<_>) = list.iter().partition(|mf| mf.added_snapshot_id == sid);
+            (own.into_iter().cloned().collect(), older)
+        }
+    };
     let mut out = SnapshotFiles { manifests_read: own.len(), ..Default::default() };
     for (mf, manifest) in load(table, own, concurrency).await? {
         add_entries(&mut out, table, &mf, &manifest, sid, None)?;
@@ -107,10 +118,6 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         LiveFiles::remember(table, snapshot, &full);
         return Ok(full);
     }
-    let parent = match snapshot.parent_snapshot_id() {
-        Some(p) => LiveFiles::take(table, p),
-        None => None,
-    };
     if let Some(mut live) = parent {
         // the parent's set becomes the snapshot's, changed in place (another loop at the same parent meanwhile plans
         // from the manifests)

@@ -53,8 +53,18 @@ impl<'a> Container<'a> {
 
     /// Every record, each decoded by `record` from a cursor at its start (it must read the whole record); `None`
     /// when a block is damaged or a record fails.
-    pub(super) fn records<T>(mut self, mut record: impl FnMut(&mut Cursor<'_>) -> Option<T>) -> Option<Vec<T>> {
+    pub(super) fn records<T>(self, mut record: impl FnMut(&mut Cursor<'_>) -> Option<T>) -> Option<Vec<T>> {
         let mut out = Vec::new();
+        self.each(|c| {
+            out.push(record(c)?);
+            Some(())
+        })?;
+        Some(out)
+    }
+
+    /// Calls `record` with a cursor at the start of each record (it must read the whole record); `None` when a block
+    /// is damaged or a call fails.
+    pub(super) fn each(mut self, mut record: impl FnMut(&mut Cursor<'_>) -> Option<()>) -> Option<()> {
         while !self.rest.b.is_empty() {
             let count = self.rest.count()?;
             let size = usize::try_from(self.rest.long()?).ok()?;
@@ -65,13 +75,13 @@ impl<'a> Container<'a> {
             let block = decompress(self.codec, raw)?;
             let mut d = Cursor { b: &block };
             for _ in 0..count {
-                out.push(record(&mut d)?);
+                record(&mut d)?;
             }
             if !d.b.is_empty() {
                 return None;
             }
         }
-        Some(out)
+        Some(())
     }
 }
 
@@ -227,6 +237,38 @@ impl<'a> Cursor<'a> {
         }
         let n = usize::try_from(n.checked_abs()?).ok()?;
         (n <= self.b.len()).then_some(n)
+    }
+
+    /// Moves past a value of `shape` without decoding it (nothing is allocated).
+    pub(super) fn skip(&mut self, shape: &Shape) -> Option<()> {
+        match shape {
+            Shape::Null => {}
+            Shape::Boolean => _ = self.take(1)?,
+            Shape::Int | Shape::Long => _ = self.long()?,
+            Shape::Float => _ = self.take(4)?,
+            Shape::Double => _ = self.take(8)?,
+            Shape::Fixed(n) => _ = self.take(*n)?,
+            Shape::Bytes | Shape::String => _ = self.bytes()?,
+            Shape::Record(fields) => {
+                for (_, f) in fields {
+                    self.skip(f)?;
+                }
+            }
+            Shape::Array(items) => loop {
+                let n = self.count()?;
+                if n == 0 {
+                    break;
+                }
+                for _ in 0..n {
+                    self.skip(items)?;
+                }
+            },
+            Shape::Union(options) => {
+                let branch = options.get(usize::try_from(self.long()?).ok()?)?;
+                self.skip(branch)?
+            }
+        }
+        Some(())
     }
 
     pub(super) fn value(&mut self, shape: &Shape) -> Option<Val<'a>> {

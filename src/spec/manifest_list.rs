@@ -36,6 +36,48 @@ pub(crate) async fn read(file_io: &FileIO, snapshot: &SnapshotRef, version: Form
     cache().try_get_with(path.clone(), load).await.map_err(|e: Arc<Error>| Arc::try_unwrap(e).unwrap_or_else(|e| Error::data(&path, e.to_string())))
 }
 
+/// The manifests `snapshot` wrote (`added_snapshot_id`), from its list. The other entries are skipped by the
+/// writer's schema, not decoded: a plan that knows the older files already (see `source::files::LiveFiles`) reads a
+/// list that grows with the history for the cost of its own entries. Not cached.
+pub(crate) async fn read_own(file_io: &FileIO, snapshot: &SnapshotRef, version: FormatVersion) -> Result<Vec<ManifestFile>> {
+    let path = snapshot.manifest_list();
+    let sid = snapshot.snapshot_id();
+    let err = |e: iceberg::Error| Error::data(path, format!("the manifest list of snapshot {sid}: {e}")).with_cause(e);
+    let bytes = file_io.new_input(path).map_err(err)?.read().await.map_err(err)?;
+    if let Some(found) = lean_own(&bytes, sid) {
+        return Ok(found);
+    }
+    Ok(parse(&bytes, version).map_err(err)?.into_iter().filter(|m| m.added_snapshot_id == sid).collect())
+}
+
+/// [`lean`] for the entries `snapshot_id` added only: each record is first skipped through, reading its
+/// `added_snapshot_id` alone, and decoded only when it matches.
+fn lean_own(bytes: &[u8], snapshot_id: i64) -> Option<Vec<ManifestFile>> {
+    let container = Container::open(bytes)?;
+    let shape = Shape::of(&container.schema()?)?;
+    let Shape::Record(fields) = &shape else { return None };
+    let slots: Vec<Slot> = fields.iter().map(|(name, _)| Slot::of(name)).collect();
+    let summary_fields = fields.iter().find(|(n, _)| n == "partitions").map(|(_, s)| s.record_fields()).unwrap_or_default();
+    let mut own = Vec::new();
+    container.each(|c| {
+        let start = c.b;
+        let mut added = None;
+        for ((_, shape), slot) in fields.iter().zip(&slots) {
+            if *slot == Slot::AddedSnapshot {
+                let Val::Long(id) = c.value(shape)? else { return None };
+                added = Some(id);
+            } else {
+                c.skip(shape)?;
+            }
+        }
+        if added? == snapshot_id {
+            own.push(entry(&mut Cursor { b: start }, fields, &slots, &summary_fields)?);
+        }
+        Some(())
+    })?;
+    Some(own)
+}
+
 /// Decodes a manifest list of a table of format `version`: lean, or by iceberg-rust where the lean reader does not
 /// know what it reads.
 pub(crate) fn parse(bytes: &[u8], version: FormatVersion) -> std::result::Result<Vec<ManifestFile>, iceberg::Error> {
@@ -298,6 +340,7 @@ mod tests {
             assert_eq!(ours.len(), 40, "{version:?}");
             assert_eq!(ours, theirs, "{version:?}");
             assert_eq!(parse(&bytes, version).unwrap(), theirs, "{version:?}");
+            only_own_entries_read_as_all_are(&bytes);
             damaged_never_abort(&bytes, version);
         }
     }
@@ -320,6 +363,19 @@ mod tests {
                 b[i] = next() as u8;
             }
             let _ = parse(&b, version);
+            let _ = lean_own(&b, 105);
+        }
+    }
+
+    /// For every snapshot a list names (and one it does not), the entries [`lean_own`] reads are those of the whole
+    /// list it added.
+    fn only_own_entries_read_as_all_are(bytes: &[u8]) {
+        let all = lean(bytes).unwrap();
+        let mut ids: Vec<i64> = all.iter().map(|m| m.added_snapshot_id).collect();
+        ids.push(-42);
+        for id in ids {
+            let own: Vec<ManifestFile> = all.iter().filter(|m| m.added_snapshot_id == id).cloned().collect();
+            assert_eq!(lean_own(bytes, id).expect("skimmed by the lean reader"), own, "{id}");
         }
     }
 
@@ -332,6 +388,7 @@ mod tests {
             let ours = lean(&bytes).expect("decoded by the lean reader");
             let theirs: Vec<ManifestFile> = ManifestList::parse_with_version(&bytes, version).unwrap().consume_entries().into_iter().collect();
             assert!(ours.len() >= 2, "{file}");
+            only_own_entries_read_as_all_are(&bytes);
             assert!(ours.iter().all(|m| m.partitions.as_ref().is_some_and(|p| p.len() == 2)), "{file}");
             assert!(ours.iter().all(|m| m.added_files_count.is_some() && m.deleted_files_count.is_some()), "{file}");
             let mut ours = ours;

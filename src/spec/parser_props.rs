@@ -85,6 +85,7 @@ proptest! {
             let _ = crate::spec::manifest_list::parse(&bytes, v);
         }
         let _ = iceberg::spec::Manifest::parse_avro(&bytes);
+        let _ = crate::spec::manifest::parse(&bytes, &listed());
     }
 
     #[test]
@@ -136,6 +137,7 @@ fn an_avro_header_claiming_a_huge_map_is_an_error_not_an_abort() {
         }
         bytes.extend_from_slice(b"\x08avro");
         assert!(iceberg::spec::Manifest::parse_avro(&bytes).is_err(), "{count}");
+        assert!(crate::spec::manifest::parse(&bytes, &listed()).is_err(), "{count}");
         assert!(iceberg::spec::ManifestList::parse_with_version(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
         assert!(crate::spec::manifest_list::parse(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
     }
@@ -160,4 +162,26 @@ fn the_damaged_file_corpus_is_refused_or_read_never_a_panic() {
         seen += 1;
     }
     assert!(seen >= 4, "the corpus is in fixtures/damaged");
+}
+
+/// A manifest list's entry to parse a manifest under.
+fn listed() -> iceberg::spec::ManifestFile {
+    iceberg::spec::ManifestFile {
+        manifest_path: "/t/metadata/m.avro".into(),
+        manifest_length: 1,
+        partition_spec_id: 0,
+        content: iceberg::spec::ManifestContentType::Data,
+        sequence_number: 1,
+        min_sequence_number: 1,
+        added_snapshot_id: 1,
+        added_files_count: None,
+        existing_files_count: None,
+        deleted_files_count: None,
+        added_rows_count: None,
+        existing_rows_count: None,
+        deleted_rows_count: None,
+        partitions: None,
+        key_metadata: None,
+        first_row_id: None,
+    }
 }
