@@ -305,3 +305,25 @@ impl<'a> Cursor<'a> {
         })
     }
 }
+
+/// `count` damaged copies of `bytes`, each with one to four bytes overwritten at random (a fixed seed: the same
+/// copies every run), for tests that damaged files end in an error or another reading, never in a panic, an
+/// allocation abort or a loop.
+#[cfg(test)]
+pub(super) fn damaged(bytes: &[u8], count: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count).map(move |_| {
+        let mut b = bytes.to_vec();
+        for _ in 0..1 + next() % 4 {
+            let i = (next() % b.len() as u64) as usize;
+            b[i] = next() as u8;
+        }
+        b
+    })
+}

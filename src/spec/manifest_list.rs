@@ -151,24 +151,7 @@ impl Slot {
 
 /// One list entry: the record's fields decoded by `fields` and placed by `slots`.
 fn entry(c: &mut Cursor<'_>, fields: &[(String, Shape)], slots: &[Slot], summary_fields: &[&str]) -> Option<ManifestFile> {
-    let mut m = ManifestFile {
-        manifest_path: String::new(),
-        manifest_length: -1,
-        partition_spec_id: -1,
-        content: ManifestContentType::Data,
-        sequence_number: 0,
-        min_sequence_number: 0,
-        added_snapshot_id: -1,
-        added_files_count: None,
-        existing_files_count: None,
-        deleted_files_count: None,
-        added_rows_count: None,
-        existing_rows_count: None,
-        deleted_rows_count: None,
-        partitions: None,
-        key_metadata: None,
-        first_row_id: None,
-    };
+    let mut m = blank(String::new());
     let mut required = 0u8;
     for ((_, shape), slot) in fields.iter().zip(slots) {
         let v = c.value(shape)?;
@@ -230,6 +213,29 @@ fn entry(c: &mut Cursor<'_>, fields: &[(String, Shape)], slots: &[Slot], summary
         }
     }
     (required == 15).then_some(m)
+}
+
+/// A list entry naming manifest `path`, every other field unset (-1 for the required numbers, a data manifest at
+/// sequence number 0).
+pub(crate) fn blank(path: String) -> ManifestFile {
+    ManifestFile {
+        manifest_path: path,
+        manifest_length: -1,
+        partition_spec_id: -1,
+        content: ManifestContentType::Data,
+        sequence_number: 0,
+        min_sequence_number: 0,
+        added_snapshot_id: -1,
+        added_files_count: None,
+        existing_files_count: None,
+        deleted_files_count: None,
+        added_rows_count: None,
+        existing_rows_count: None,
+        deleted_rows_count: None,
+        partitions: None,
+        key_metadata: None,
+        first_row_id: None,
+    }
 }
 
 /// A `field_summary` record whose fields are named `names`: `contains_null` required, `contains_nan`,
@@ -349,19 +355,7 @@ mod tests {
     /// lengths out of range end in an error or another reading, never in a panic, an allocation abort or a loop
     /// (arrow-avro 58 loops forever on a block holding more bytes than its count of records; hence this decoder).
     fn damaged_never_abort(bytes: &[u8], version: FormatVersion) {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for _ in 0..3000 {
-            let mut b = bytes.to_vec();
-            for _ in 0..1 + next() % 4 {
-                let i = (next() % b.len() as u64) as usize;
-                b[i] = next() as u8;
-            }
+        for b in crate::spec::avro::damaged(bytes, 3000) {
             let _ = parse(&b, version);
             let _ = lean_own(&b, 105);
         }

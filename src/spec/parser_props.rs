@@ -166,22 +166,5 @@ fn the_damaged_file_corpus_is_refused_or_read_never_a_panic() {
 
 /// A manifest list's entry to parse a manifest under.
 fn listed() -> iceberg::spec::ManifestFile {
-    iceberg::spec::ManifestFile {
-        manifest_path: "/t/metadata/m.avro".into(),
-        manifest_length: 1,
-        partition_spec_id: 0,
-        content: iceberg::spec::ManifestContentType::Data,
-        sequence_number: 1,
-        min_sequence_number: 1,
-        added_snapshot_id: 1,
-        added_files_count: None,
-        existing_files_count: None,
-        deleted_files_count: None,
-        added_rows_count: None,
-        existing_rows_count: None,
-        deleted_rows_count: None,
-        partitions: None,
-        key_metadata: None,
-        first_row_id: None,
-    }
+    iceberg::spec::ManifestFile { sequence_number: 1, added_snapshot_id: 1, ..crate::spec::manifest_list::blank("/t/metadata/m.avro".into()) }
 }
