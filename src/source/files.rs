@@ -8,7 +8,8 @@
 //! needs — the manifests it wrote, and older ones only where its deletes can reach — so following one small commit
 //! costs the same however long the table's history and however many unmerged manifests it left. Where its deletes
 //! reach many older manifests, it reads them all once and keeps the live files they give ([`LiveFiles`]); each later
-//! snapshot derives its own from its parent's and its own manifests, and reads no older manifest.
+//! snapshot derives its own from its parent's and its own manifests, reads no older manifest, and decodes only its
+//! own entries of its manifest list.
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -146,7 +146,7 @@ enum Top {
 }
 
 /// Where a field of the `data_file` record goes; maps (arrays of key/value records) with the positions of their key
-/// and value.
+/// and value (`Bounds`: lower bounds when `true`).
 #[derive(Clone, Copy)]
 enum FileSlot {
     Content,
@@ -168,6 +168,7 @@ enum FileSlot {
     Other,
 }
 
+/// Which count map of a data file a field fills.
 #[derive(Clone, Copy)]
 enum Count {
     ColumnSizes,
