@@ -27,11 +27,7 @@ use crate::error::{Error, Result};
 /// The manifests `snapshot`'s list names, decoded once per process (see the module docs).
 pub(crate) async fn read(file_io: &FileIO, snapshot: &SnapshotRef, version: FormatVersion) -> Result<Arc<Vec<ManifestFile>>> {
     let path = snapshot.manifest_list().to_string();
-    let load = async {
-        let err = |e: iceberg::Error| Error::data(&path, format!("the manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e);
-        let bytes = file_io.new_input(&path).map_err(err)?.read().await.map_err(err)?;
-        parse(&bytes, version).map(Arc::new).map_err(err)
-    };
+    let load = async { load(file_io, snapshot, version, None).await.map(Arc::new) };
     // the error as it was made when this call loaded the list (shared only with calls that waited on the same load)
     cache().try_get_with(path.clone(), load).await.map_err(|e: Arc<Error>| Arc::try_unwrap(e).unwrap_or_else(|e| Error::data(&path, e.to_string())))
 }
@@ -40,67 +36,63 @@ pub(crate) async fn read(file_io: &FileIO, snapshot: &SnapshotRef, version: Form
 /// writer's schema, not decoded: a plan that knows the older files already (see `source::files::LiveFiles`) reads a
 /// list that grows with the history for the cost of its own entries. Not cached.
 pub(crate) async fn read_own(file_io: &FileIO, snapshot: &SnapshotRef, version: FormatVersion) -> Result<Vec<ManifestFile>> {
+    load(file_io, snapshot, version, Some(snapshot.snapshot_id())).await
+}
+
+/// `snapshot`'s list, read and decoded ([`parse`]); errors name the list and the snapshot.
+async fn load(file_io: &FileIO, snapshot: &SnapshotRef, version: FormatVersion, only: Option<i64>) -> Result<Vec<ManifestFile>> {
     let path = snapshot.manifest_list();
-    let sid = snapshot.snapshot_id();
-    let err = |e: iceberg::Error| Error::data(path, format!("the manifest list of snapshot {sid}: {e}")).with_cause(e);
+    let err = |e: iceberg::Error| Error::data(path, format!("the manifest list of snapshot {}: {e}", snapshot.snapshot_id())).with_cause(e);
     let bytes = file_io.new_input(path).map_err(err)?.read().await.map_err(err)?;
-    if let Some(found) = lean_own(&bytes, sid) {
-        return Ok(found);
-    }
-    Ok(parse(&bytes, version).map_err(err)?.into_iter().filter(|m| m.added_snapshot_id == sid).collect())
+    parse(&bytes, version, only).map_err(err)
 }
 
-/// [`lean`] for the entries `snapshot_id` added only: each record is first skipped through, reading its
-/// `added_snapshot_id` alone, and decoded only when it matches.
-fn lean_own(bytes: &[u8], snapshot_id: i64) -> Option<Vec<ManifestFile>> {
-    let container = Container::open(bytes)?;
-    let shape = Shape::of(&container.schema()?)?;
-    let Shape::Record(fields) = &shape else { return None };
-    let slots: Vec<Slot> = fields.iter().map(|(name, _)| Slot::of(name)).collect();
-    let summary_fields = fields.iter().find(|(n, _)| n == "partitions").map(|(_, s)| s.record_fields()).unwrap_or_default();
-    let mut own = Vec::new();
-    container.each(|c| {
-        let start = c.b;
-        let mut added = None;
-        for ((_, shape), slot) in fields.iter().zip(&slots) {
-            if *slot == Slot::AddedSnapshot {
-                let Val::Long(id) = c.value(shape)? else { return None };
-                added = Some(id);
-            } else {
-                c.skip(shape)?;
-            }
-        }
-        if added? == snapshot_id {
-            own.push(entry(&mut Cursor { b: start }, fields, &slots, &summary_fields)?);
-        }
-        Some(())
-    })?;
-    Some(own)
-}
-
-/// Decodes a manifest list of a table of format `version`: lean, or by iceberg-rust where the lean reader does not
-/// know what it reads.
-pub(crate) fn parse(bytes: &[u8], version: FormatVersion) -> std::result::Result<Vec<ManifestFile>, iceberg::Error> {
+/// Decodes a manifest list of a table of format `version` (keeping only the entries snapshot `only` added, when
+/// given): lean, or by iceberg-rust where the lean reader does not know what it reads.
+pub(crate) fn parse(bytes: &[u8], version: FormatVersion, only: Option<i64>) -> std::result::Result<Vec<ManifestFile>, iceberg::Error> {
     // before any Avro read in the process (the bound is fixed by the first one)
     super::bound_avro_allocations();
-    if let Some(entries) = lean(bytes) {
+    if let Some(entries) = lean(bytes, only) {
         return Ok(entries);
     }
     // apache-avro 0.21 panics on some damaged schemas (an `unwrap` on a record name that does not validate)
     match std::panic::catch_unwind(|| ManifestList::parse_with_version(bytes, version)) {
-        Ok(list) => Ok(list?.consume_entries().into_iter().collect()),
+        Ok(list) => Ok(list?.consume_entries().into_iter().filter(|m| only.is_none_or(|id| m.added_snapshot_id == id)).collect()),
         Err(_) => Err(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, "not a readable manifest list: its Avro schema is damaged")),
     }
 }
 
-/// The entries of the list in `bytes`, or `None` for anything unexpected (see the module docs).
-fn lean(bytes: &[u8]) -> Option<Vec<ManifestFile>> {
+/// The entries of the list in `bytes` (only those snapshot `only` added, when given), or `None` for anything
+/// unexpected (see the module docs). With `only`, each record is first skipped through, reading its
+/// `added_snapshot_id` alone, and decoded only when it matches.
+fn lean(bytes: &[u8], only: Option<i64>) -> Option<Vec<ManifestFile>> {
     let container = Container::open(bytes)?;
     let shape = Shape::of(&container.schema()?)?;
     let Shape::Record(fields) = &shape else { return None };
     let slots: Vec<Slot> = fields.iter().map(|(name, _)| Slot::of(name)).collect();
     let summary_fields = fields.iter().find(|(n, _)| n == "partitions").map(|(_, s)| s.record_fields()).unwrap_or_default();
-    container.records(|c| entry(c, fields, &slots, &summary_fields))
+    let mut out = Vec::new();
+    container.each(|c| {
+        let Some(id) = only else {
+            out.push(entry(c, fields, &slots, &summary_fields)?);
+            return Some(());
+        };
+        let start = c.b;
+        let mut added = None;
+        for ((_, shape), slot) in fields.iter().zip(&slots) {
+            if *slot == Slot::AddedSnapshot {
+                let Val::Long(n) = c.value(shape)? else { return None };
+                added = Some(n);
+            } else {
+                c.skip(shape)?;
+            }
+        }
+        if added? == id {
+            out.push(entry(&mut Cursor { b: start }, fields, &slots, &summary_fields)?);
+        }
+        Some(())
+    })?;
+    Some(out)
 }
 
 /// Which `ManifestFile` field a top-level field of the list's record fills.
@@ -341,11 +333,11 @@ mod tests {
             entries[5].key_metadata = Some(vec![1, 2, 3]);
             entries[6].partitions = Some(Vec::new());
             let bytes = written(version, entries).await;
-            let ours = lean(&bytes).expect("decoded by the lean reader");
+            let ours = lean(&bytes, None).expect("decoded by the lean reader");
             let theirs: Vec<ManifestFile> = ManifestList::parse_with_version(&bytes, version).unwrap().consume_entries().into_iter().collect();
             assert_eq!(ours.len(), 40, "{version:?}");
             assert_eq!(ours, theirs, "{version:?}");
-            assert_eq!(parse(&bytes, version).unwrap(), theirs, "{version:?}");
+            assert_eq!(parse(&bytes, version, None).unwrap(), theirs, "{version:?}");
             only_own_entries_read_as_all_are(&bytes);
             damaged_never_abort(&bytes, version);
         }
@@ -356,20 +348,20 @@ mod tests {
     /// (arrow-avro 58 loops forever on a block holding more bytes than its count of records; hence this decoder).
     fn damaged_never_abort(bytes: &[u8], version: FormatVersion) {
         for b in crate::spec::avro::damaged(bytes, 3000) {
-            let _ = parse(&b, version);
-            let _ = lean_own(&b, 105);
+            let _ = parse(&b, version, None);
+            let _ = lean(&b, Some(105));
         }
     }
 
-    /// For every snapshot a list names (and one it does not), the entries [`lean_own`] reads are those of the whole
+    /// For every snapshot a list names (and one it does not), the entries `lean(_, Some(id))` reads are those of the whole
     /// list it added.
     fn only_own_entries_read_as_all_are(bytes: &[u8]) {
-        let all = lean(bytes).unwrap();
+        let all = lean(bytes, None).unwrap();
         let mut ids: Vec<i64> = all.iter().map(|m| m.added_snapshot_id).collect();
         ids.push(-42);
         for id in ids {
             let own: Vec<ManifestFile> = all.iter().filter(|m| m.added_snapshot_id == id).cloned().collect();
-            assert_eq!(lean_own(bytes, id).expect("skimmed by the lean reader"), own, "{id}");
+            assert_eq!(lean(bytes, Some(id)).expect("skimmed by the lean reader"), own, "{id}");
         }
     }
 
@@ -379,7 +371,7 @@ mod tests {
     fn the_lean_decoder_reads_what_iceberg_rust_reads_of_lists_spark_wrote() {
         for (file, version) in [("spark-v1", FormatVersion::V1), ("spark-v2", FormatVersion::V2), ("spark-v3", FormatVersion::V3)] {
             let bytes = std::fs::read(format!("{}/fixtures/manifest-lists/{file}.avro", env!("CARGO_MANIFEST_DIR"))).unwrap();
-            let ours = lean(&bytes).expect("decoded by the lean reader");
+            let ours = lean(&bytes, None).expect("decoded by the lean reader");
             let theirs: Vec<ManifestFile> = ManifestList::parse_with_version(&bytes, version).unwrap().consume_entries().into_iter().collect();
             assert!(ours.len() >= 2, "{file}");
             only_own_entries_read_as_all_are(&bytes);
@@ -400,7 +392,7 @@ mod tests {
 
     #[test]
     fn a_damaged_list_is_refused_not_misread() {
-        assert!(lean(b"Obj\x01 not a list").is_none());
-        assert!(parse(b"Obj\x01 not a list", FormatVersion::V2).is_err());
+        assert!(lean(b"Obj\x01 not a list", None).is_none());
+        assert!(parse(b"Obj\x01 not a list", FormatVersion::V2, None).is_err());
     }
 }

@@ -82,7 +82,7 @@ proptest! {
         let bytes = mutate(&bytes, &e);
         for v in [iceberg::spec::FormatVersion::V1, iceberg::spec::FormatVersion::V2, iceberg::spec::FormatVersion::V3] {
             let _ = iceberg::spec::ManifestList::parse_with_version(&bytes, v);
-            let _ = crate::spec::manifest_list::parse(&bytes, v);
+            let _ = crate::spec::manifest_list::parse(&bytes, v, None);
         }
         let _ = iceberg::spec::Manifest::parse_avro(&bytes);
         let _ = crate::spec::manifest::parse(&bytes, &listed());
@@ -92,7 +92,7 @@ proptest! {
     fn a_damaged_manifest_list_spark_wrote_parses_or_refuses(e in edits()) {
         super::bound_avro_allocations();
         let list = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/manifest-lists/spark-v2.avro")).unwrap();
-        let _ = crate::spec::manifest_list::parse(&mutate(&list, &e), iceberg::spec::FormatVersion::V2);
+        let _ = crate::spec::manifest_list::parse(&mutate(&list, &e), iceberg::spec::FormatVersion::V2, None);
     }
 
     #[test]
@@ -139,7 +139,7 @@ fn an_avro_header_claiming_a_huge_map_is_an_error_not_an_abort() {
         assert!(iceberg::spec::Manifest::parse_avro(&bytes).is_err(), "{count}");
         assert!(crate::spec::manifest::parse(&bytes, &listed()).is_err(), "{count}");
         assert!(iceberg::spec::ManifestList::parse_with_version(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
-        assert!(crate::spec::manifest_list::parse(&bytes, iceberg::spec::FormatVersion::V2).is_err(), "{count}");
+        assert!(crate::spec::manifest_list::parse(&bytes, iceberg::spec::FormatVersion::V2, None).is_err(), "{count}");
     }
 }
 
