@@ -21,6 +21,7 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 
+use super::live::LiveFiles;
 use crate::error::{Error, Result};
 
 /// One file as the planner sees it.
@@ -158,139 +159,6 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
 /// table's live files ([`LiveFiles`]), so that the snapshots after it read none.
 const LIVE_FILES_AFTER: usize = 16;
 
-/// What a file entry takes in memory, as the caches estimate it (its stats, path and map slot).
-const FILE_BYTES: u64 = 512;
-
-/// The live files of one snapshot of a table: what its older manifests hold, known without reading them. Derived
-/// snapshot by snapshot from the parent's (minus what a snapshot's own manifests remove, plus what they add: by the
-/// spec they hold every file it adds or removes) and seeded by a full plan; kept process-wide by (table uuid,
-/// snapshot id) — a snapshot's files never change — within a size as large as the manifest cache's (a sixteenth of
-/// `memory_budget`), the set kept longest ago out first. A table whose live files would take more than a quarter of it
-/// gets none; a snapshot without one is planned from the manifests as before.
-#[derive(Debug, Default)]
-pub(crate) struct LiveFiles {
-    data: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
-    deletes: HashMap<String, Arc<FileEntry>, ahash::RandomState>,
-}
-
-impl LiveFiles {
-    /// Keeps the live files after `snapshot` from its [`plan`] when they fit the cache (a table too large for it
-    /// is planned from its manifests, as before).
-    fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
-        if Self::would_fit(snapshot) {
-            let live = LiveFiles {
-                data: full.data_after.iter().map(|(p, f)| (p.clone(), f.clone())).collect(),
-                deletes: full.deletes_after.iter().map(|d| (d.path().to_string(), d.clone())).collect(),
-            };
-            Self::keep(table, snapshot.snapshot_id(), live);
-        }
-    }
-
-    /// Whether the live files of `snapshot` (by its summary's totals) take at most a quarter of the cache.
-    fn would_fit(snapshot: &SnapshotRef) -> bool {
-        let total = |k: &str| snapshot.summary().additional_properties.get(k).and_then(|v| v.parse::<u64>().ok());
-        match (total("total-data-files"), total("total-delete-files")) {
-            (Some(data), deletes) => (data + deletes.unwrap_or(0)) * FILE_BYTES * 4 <= CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed),
-            (None, _) => false,
-        }
-    }
-
-    /// Turns these live files of a snapshot's parent into the snapshot's, by what its own manifests gave (`own`).
-    fn advance(&mut self, own: &SnapshotFiles) {
-        for path in own.data_before.keys().filter(|p| !own.data_after.contains_key(*p)) {
-            self.data.remove(path);
-        }
-        for (path, f) in &own.data_after {
-            self.data.insert(path.clone(), f.clone());
-        }
-        for d in &own.deletes_before {
-            self.deletes.remove(d.path());
-        }
-        for d in &own.deletes_after {
-            self.deletes.insert(d.path().to_string(), d.clone());
-        }
-    }
-
-    /// The live files (of the snapshot or its parent: the same but for what the snapshot's own manifests list) that
-    /// its own manifests do not list, as steps 2–3 of [`plan_changes`] would read them from the older manifests:
-    /// the data files a changed delete applies to, then the delete files that can apply to a data file of the plan
-    /// (data sequence number at or above the lowest among them).
-    fn add_older_to(&self, out: &mut SnapshotFiles) {
-        if !out.changed_deletes.is_empty() {
-            for (path, f) in &self.data {
-                let own = out.data_before.contains_key(path) || out.data_after.contains_key(path);
-                if !own && out.changed_deletes.iter().any(|d| delete_applies(d, f)) {
-                    out.data_before.insert(path.clone(), f.clone());
-                    out.data_after.insert(path.clone(), f.clone());
-                }
-            }
-        }
-        let Some(lowest) = out.data_before.values().chain(out.data_after.values()).map(|f| f.seq).min() else { return };
-        let own: std::collections::HashSet<&str> = out.deletes_before.iter().chain(&out.deletes_after).map(|d| d.path()).collect();
-        let older: Vec<_> = self.deletes.iter().filter(|(p, d)| d.seq >= lowest && !own.contains(p.as_str())).map(|(_, d)| d.clone()).collect();
-        out.deletes_before.extend(older.iter().cloned());
-        out.deletes_after.extend(older);
-    }
-
-    /// What this set takes in memory, as the budget counts it ([`FILE_BYTES`] a file).
-    fn bytes(&self) -> u64 {
-        (self.data.len() + self.deletes.len()) as u64 * FILE_BYTES
-    }
-
-    /// The process's live-file sets by (table uuid, snapshot id), each with the tick it was last kept at. A plain map
-    /// under a mutex (held for a lookup, never across an await): a set is moved out and back in, never copied.
-    fn sets() -> &'static std::sync::Mutex<LiveSets> {
-        static LIVE: std::sync::OnceLock<std::sync::Mutex<LiveSets>> = std::sync::OnceLock::new();
-        LIVE.get_or_init(Default::default)
-    }
-
-    /// Keeps `live` as the live files of `snapshot` (see [`LiveSets::keep`]).
-    fn keep(table: &Table, snapshot: i64, live: LiveFiles) {
-        let limit = CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed);
-        Self::sets().lock().unwrap_or_else(|e| e.into_inner()).keep((table.metadata().uuid().to_string(), snapshot), live, limit);
-    }
-
-    /// The live files of `snapshot`, taken out (whoever plans its child next owns them).
-    fn take(table: &Table, snapshot: i64) -> Option<LiveFiles> {
-        Self::sets().lock().unwrap_or_else(|e| e.into_inner()).take(&(table.metadata().uuid().to_string(), snapshot))
-    }
-}
-
-/// The live-file sets a process keeps ([`LiveFiles::sets`]), by (table uuid, snapshot id).
-#[derive(Debug, Default)]
-struct LiveSets {
-    by_snapshot: HashMap<(String, i64), (u64, LiveFiles)>,
-    /// What they take, by [`LiveFiles::bytes`].
-    bytes: u64,
-    /// Counts `keep`s: the order sets were kept in.
-    tick: u64,
-}
-
-impl LiveSets {
-    /// Keeps `live` under `key`; while the sets take more than `limit` bytes, the one kept longest ago goes (a table
-    /// gone idle frees its share).
-    fn keep(&mut self, key: (String, i64), live: LiveFiles, limit: u64) {
-        self.tick += 1;
-        self.bytes += live.bytes();
-        if let Some((_, old)) = self.by_snapshot.insert(key, (self.tick, live)) {
-            self.bytes -= old.bytes();
-        }
-        while self.bytes > limit {
-            let Some(oldest) = self.by_snapshot.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) else { break };
-            if let Some((_, gone)) = self.by_snapshot.remove(&oldest) {
-                self.bytes -= gone.bytes();
-            }
-        }
-    }
-
-    /// The set under `key`, taken out.
-    fn take(&mut self, key: &(String, i64)) -> Option<LiveFiles> {
-        let (_, live) = self.by_snapshot.remove(key)?;
-        self.bytes -= live.bytes();
-        Some(live)
-    }
-}
-
 /// Whether the files a snapshot added and removed, as its own manifests hold them, match the counts its summary
 /// gives (where it gives them; writers leave zero counts out).
 fn summary_agrees(snapshot: &SnapshotRef, out: &SnapshotFiles) -> bool {
@@ -367,7 +235,7 @@ pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.
-static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
+pub(super) static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
 static CACHE: std::sync::OnceLock<moka::future::Cache<String, Arc<Manifest>>> = std::sync::OnceLock::new();
 
 /// Sizes the cache of parsed manifests (and that of live files, [`LiveFiles`]) to a sixteenth of `memory_budget`
@@ -584,42 +452,6 @@ mod tests {
             b.equality_ids(Some(vec![1]));
         }
         b.build().unwrap()
-    }
-
-    #[test]
-    fn live_file_sets_are_handed_over_and_the_one_kept_longest_ago_goes_first() {
-        let set = |files: usize| {
-            let mut live = LiveFiles::default();
-            for i in 0..files {
-                let mut b = DataFileBuilder::default();
-                b.content(DataContentType::Data)
-                    .file_path(format!("f{i}"))
-                    .file_format(DataFileFormat::Parquet)
-                    .record_count(1)
-                    .file_size_in_bytes(1);
-                let f = FileEntry { file: b.build().unwrap(), seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None };
-                live.data.insert(format!("f{i}"), Arc::new(f));
-            }
-            live
-        };
-        let key = |t: &str, s: i64| (t.to_string(), s);
-        let mut sets = LiveSets::default();
-        let limit = 5 * FILE_BYTES;
-        sets.keep(key("a", 1), set(2), limit);
-        sets.keep(key("b", 1), set(2), limit);
-        assert_eq!(sets.bytes, 4 * FILE_BYTES);
-        // a's next snapshot: its parent's set taken out and kept again, now the most recent
-        let a = sets.take(&key("a", 1)).expect("a's set");
-        assert!(sets.take(&key("a", 1)).is_none(), "taken sets are gone");
-        sets.keep(key("a", 2), a, limit);
-        // one more set over the limit: b, kept longest ago, goes; a stays
-        sets.keep(key("c", 1), set(2), limit);
-        assert_eq!(sets.bytes, 4 * FILE_BYTES);
-        assert!(sets.take(&key("b", 1)).is_none());
-        assert_eq!(sets.take(&key("a", 2)).map(|l| l.data.len()), Some(2));
-        // a set kept again under the same key replaces the old one's bytes
-        sets.keep(key("c", 1), set(3), limit);
-        assert_eq!(sets.bytes, 3 * FILE_BYTES);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod changelog;
 pub mod files;
 pub(crate) mod fingerprint;
 pub(crate) mod format;
+mod live;
 pub(crate) mod matcher;
 pub mod net;
 pub mod reader;
