@@ -400,19 +400,30 @@ pub struct EqDeletes {
 pub use crate::spec::rowenc::KeySet;
 
 impl EqDeletes {
-    pub fn converter(&self, data_schema: &Schema) -> Result<(RowConverter, Vec<usize>)> {
-        let mut idx = Vec::new();
-        for id in &self.field_ids {
-            let i = data_schema
-                .fields()
-                .iter()
-                .position(|f| field_id(f) == Some(*id))
-                .ok_or_else(|| Error::Schema(format!("equality-delete field id {id} is not in the table schema")))?;
-            idx.push(i);
-        }
-        let conv = RowConverter::new(idx.iter().map(|&i| SortField::new(data_schema.field(i).data_type().clone())).collect())?;
-        Ok((conv, idx))
+    /// The positions in `data_schema` of the columns these deletes compare.
+    pub fn columns(&self, data_schema: &Schema) -> Result<Vec<usize>> {
+        self.field_ids
+            .iter()
+            .map(|id| {
+                data_schema
+                    .fields()
+                    .iter()
+                    .position(|f| field_id(f) == Some(*id))
+                    .ok_or_else(|| Error::Schema(format!("equality-delete field id {id} is not in the table schema")))
+            })
+            .collect()
     }
+
+    /// The row converter that encodes these deletes' keys from rows of `data_schema`, and the columns it reads.
+    pub fn converter(&self, data_schema: &Schema) -> Result<(RowConverter, Vec<usize>)> {
+        let idx = self.columns(data_schema)?;
+        Ok((key_converter(data_schema, &idx)?, idx))
+    }
+}
+
+/// The row converter of the columns `idx` of `schema`: how equality-delete keys are encoded and compared.
+pub(crate) fn key_converter(schema: &Schema, idx: &[usize]) -> Result<RowConverter> {
+    Ok(RowConverter::new(idx.iter().map(|&i| SortField::new(schema.field(i).data_type().clone())).collect())?)
 }
 
 pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_schema: &SchemaRef) -> Result<EqDeletes> {

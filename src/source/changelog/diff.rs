@@ -113,7 +113,7 @@ pub(super) async fn changed_by_equality(
     before: &StateDeletes,
     after: &StateDeletes,
 ) -> Result<Changed> {
-    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|(e, _, _)| e.field_ids.iter().copied()).collect();
+    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|g| g.sets.iter().flat_map(|e| e.field_ids.iter().copied())).collect();
     let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
     let keys: SchemaRef = Arc::new(schema.project(&cols)?);
     let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
@@ -121,7 +121,7 @@ pub(super) async fn changed_by_equality(
     let mut stream = Box::pin(read.stream);
     let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
     while let Some(batch) = stream.try_next().await? {
-        let (lb, la) = (live_mask(&kb, &batch, At::From(offset))?, live_mask(&ka, &batch, At::From(offset))?);
+        let (lb, la) = live_masks(&kb, &ka, &batch, At::From(offset))?;
         positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
         offset += batch.num_rows() as u64;
     }
@@ -133,15 +133,11 @@ impl StateDeletes {
     /// The same state, its equality deletes compared on the columns of `schema` (a projection of the one it was
     /// loaded with).
     pub(super) fn on(&self, schema: &SchemaRef) -> Result<StateDeletes> {
-        let eq = self
-            .eq
-            .iter()
-            .map(|(e, _, _)| {
-                let (conv, idx) = e.converter(schema)?;
-                Ok((e.clone(), conv, idx))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(StateDeletes { exists: self.exists, positions: self.positions.clone(), eq })
+        let mut st = StateDeletes { exists: self.exists, positions: self.positions.clone(), eq: Vec::new() };
+        for e in self.eq.iter().flat_map(|g| &g.sets) {
+            st.add_eq(e.clone(), schema)?;
+        }
+        Ok(st)
     }
 }
 
@@ -156,8 +152,7 @@ impl States<'_> {
     /// Sends the rows of `batch` (at `at` in the file) that are live before and not after (removed), and after and not
     /// before (added). `false` when the receiver is gone (the scan failed elsewhere).
     pub(super) async fn send(&self, batch: &RecordBatch, at: At<'_>, tx: &tokio::sync::mpsc::Sender<Result<FileRows>>) -> Result<bool> {
-        let lb = live_mask(self.before, batch, at)?;
-        let la = live_mask(self.after, batch, at)?;
+        let (lb, la) = live_masks(self.before, self.after, batch, at)?;
         for (side, mask) in [
             (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
             (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),

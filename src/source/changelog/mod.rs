@@ -215,13 +215,21 @@ impl DeleteCache {
     }
 }
 
-/// The deletes of one state (before or after) that apply to one data file; equality deletes come with the row
-/// converter and column positions for the reading schema, built once per file.
+/// The deletes of one state (before or after) that apply to one data file; equality deletes grouped by the columns
+/// they compare ([`EqGroup`]), so that a batch's keys are encoded once per group, not once per delete file.
 #[derive(Default)]
 struct StateDeletes {
     exists: bool,
     positions: RoaringTreemap,
-    eq: Vec<(Arc<EqDeletes>, RowConverter, Vec<usize>)>,
+    eq: Vec<EqGroup>,
+}
+
+/// Equality-delete files that compare the same columns (their positions in the reading schema), with the row
+/// converter that encodes those columns, built once per file.
+struct EqGroup {
+    idx: Vec<usize>,
+    conv: RowConverter,
+    sets: Vec<Arc<EqDeletes>>,
 }
 
 pub struct ChangelogScan<'a> {

@@ -1,5 +1,11 @@
 //! Delete states: which rows of a data file are live before and after a snapshot (position deletes, deletion
 //! vectors, equality deletes by the spec's sequence-number rules), and which positions a snapshot changed.
+//!
+//! Equality deletes are grouped by the columns they compare, so a batch's keys are encoded once per group (and once
+//! for both states, [`live_masks`]), not once per delete file. When every delete of the state before is also one of
+//! the state after (deletes were only added, as in an upsert stream), the rows live before are tried against the
+//! added deletes alone: a file that many upserts reached costs a lookup per delete file for its live rows once, not
+//! twice plus an encoding per delete file.
 use super::*;
 
 pub(super) async fn load_state(
@@ -56,8 +62,7 @@ pub(super) async fn load_state(
                         e
                     }
                 };
-                let (conv, idx) = e.converter(schema)?;
-                st.eq.push((e, conv, idx));
+                st.add_eq(e, schema)?;
             }
             DataContentType::Data => {}
         }
@@ -83,23 +88,93 @@ impl At<'_> {
     }
 }
 
-/// Live mask of one batch whose rows sit at `at` in the file.
-pub(super) fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<bool>> {
-    let n = batch.num_rows();
-    if !st.exists {
-        return Ok(vec![false; n]);
-    }
-    let mut live: Vec<bool> = if st.positions.is_empty() { vec![true; n] } else { (0..n).map(|i| !st.positions.contains(at.position(i))).collect() };
-    for (eq, conv, idx) in &st.eq {
-        let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
-        let rows = conv.convert_columns(&cols)?;
-        for (i, r) in rows.iter().enumerate() {
-            if live[i] && eq.keys.contains(r.as_ref()) {
-                live[i] = false;
+impl StateDeletes {
+    /// Adds equality deletes `e`, compared on the columns of `schema`, to the group comparing the same columns.
+    pub(super) fn add_eq(&mut self, e: Arc<EqDeletes>, schema: &SchemaRef) -> Result<()> {
+        let idx = e.columns(schema)?;
+        match self.eq.iter_mut().find(|g| g.idx == idx) {
+            Some(g) => g.sets.push(e),
+            None => {
+                let conv = reader::key_converter(schema, &idx)?;
+                self.eq.push(EqGroup { idx, conv, sets: vec![e] });
             }
         }
+        Ok(())
+    }
+
+    /// Whether every delete of `self` is one of `other`'s (equality-delete files by identity): then a row deleted in
+    /// `self` is deleted in `other`.
+    fn within(&self, other: &StateDeletes) -> bool {
+        let theirs: HashSet<*const EqDeletes> = other.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect();
+        self.positions.is_subset(&other.positions) && self.eq.iter().all(|g| g.sets.iter().all(|e| theirs.contains(&Arc::as_ptr(e))))
+    }
+
+    /// Clears in `live` the rows of `batch` (at `at` in the file) these deletes remove, leaving out the
+    /// equality-delete files in `known` (already applied); `keys` holds each column group's encoded rows of the
+    /// batch, encoded once and shared by both states.
+    fn clear_deleted(
+        &self,
+        live: &mut [bool],
+        batch: &RecordBatch,
+        at: At<'_>,
+        known: &HashSet<*const EqDeletes>,
+        keys: &mut Vec<(Vec<usize>, arrow_row::Rows)>,
+    ) -> Result<()> {
+        if !self.positions.is_empty() {
+            for (i, l) in live.iter_mut().enumerate() {
+                *l = *l && !self.positions.contains(at.position(i));
+            }
+        }
+        for group in &self.eq {
+            let sets: Vec<&EqDeletes> = group.sets.iter().filter(|e| !known.contains(&Arc::as_ptr(e))).map(|e| e.as_ref()).collect();
+            if sets.is_empty() || !live.contains(&true) {
+                continue;
+            }
+            let k = match keys.iter().position(|(idx, _)| *idx == group.idx) {
+                Some(k) => k,
+                None => {
+                    let cols: Vec<_> = group.idx.iter().map(|&i| batch.column(i).clone()).collect();
+                    keys.push((group.idx.clone(), group.conv.convert_columns(&cols)?));
+                    keys.len() - 1
+                }
+            };
+            for (i, r) in keys[k].1.iter().enumerate() {
+                if live[i] && sets.iter().any(|e| e.keys.contains(r.as_ref())) {
+                    live[i] = false;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Live mask of one batch whose rows sit at `at` in the file.
+pub(super) fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<bool>> {
+    let mut live = vec![st.exists; batch.num_rows()];
+    if st.exists {
+        st.clear_deleted(&mut live, batch, at, &HashSet::new(), &mut Vec::new())?;
     }
     Ok(live)
+}
+
+/// The live masks of one batch (at `at` in the file) before and after. The keys of each column group are encoded
+/// once for both; when every delete before is also one after (deletes only added, the common case), the rows live
+/// before are tried against the deletes added alone.
+pub(super) fn live_masks(before: &StateDeletes, after: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<(Vec<bool>, Vec<bool>)> {
+    let mut keys = Vec::new();
+    let mut lb = vec![before.exists; batch.num_rows()];
+    if before.exists {
+        before.clear_deleted(&mut lb, batch, at, &HashSet::new(), &mut keys)?;
+    }
+    let (mut la, known) = if before.exists && after.exists && before.within(after) {
+        (lb.clone(), before.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect())
+    } else {
+        (vec![after.exists; batch.num_rows()], HashSet::new())
+    };
+    if after.exists {
+        after.clear_deleted(&mut la, batch, at, &known, &mut keys)?;
+    }
+    Ok((lb, la))
 }
 
 /// Whether the equality deletes that differ between the two states of a job's file hold few enough keys (at most
@@ -156,5 +231,74 @@ impl FileDeletes {
     /// Which rows of `batch` (rows of the file from position `first` on, in `schema`) are live.
     pub(crate) fn live(&self, batch: &RecordBatch, first: u64) -> Result<Vec<bool>> {
         live_mask(&self.0, batch, At::From(first))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+
+    fn field(name: &str, dt: DataType, id: i32) -> Field {
+        Field::new(name, dt, true).with_metadata(HashMap::from([(parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(), id.to_string())]))
+    }
+
+    /// Equality deletes on `field_ids` of the rows with these ids (and names, when the name is compared).
+    fn eq_deletes(schema: &SchemaRef, field_ids: Vec<i32>, rows: &[(i64, &str)]) -> Arc<EqDeletes> {
+        let mut e = EqDeletes { field_ids, keys: Default::default() };
+        let (conv, idx) = e.converter(schema).unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))), Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1)))],
+        )
+        .unwrap();
+        let cols: Vec<_> = idx.iter().map(|&i| batch.column(i).clone()).collect();
+        for r in conv.convert_columns(&cols).unwrap().iter() {
+            e.keys.insert(r.as_ref().into());
+        }
+        Arc::new(e)
+    }
+
+    fn state(schema: &SchemaRef, exists: bool, positions: &[u64], eq: &[&Arc<EqDeletes>]) -> StateDeletes {
+        let mut st = StateDeletes { exists, positions: positions.iter().copied().collect(), eq: Vec::new() };
+        for e in eq {
+            st.add_eq((*e).clone(), schema).unwrap();
+        }
+        st
+    }
+
+    /// Both masks at once are each state's mask on its own, whether the state after holds every delete of the one
+    /// before (only the added deletes are tried) or not; deletes comparing the same columns share one group.
+    #[test]
+    fn both_states_masked_at_once_are_each_state_masked_alone() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![field("id", DataType::Int64, 1), field("name", DataType::Utf8, 2)]));
+        let ids: Vec<i64> = (0..40).collect();
+        let names: Vec<String> = ids.iter().map(|i| format!("n{}", i % 7)).collect();
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(ids.clone())), Arc::new(StringArray::from(names.clone()))]).unwrap();
+        let by_id = |ks: &[i64]| eq_deletes(&schema, vec![1], &ks.iter().map(|k| (*k, "")).collect::<Vec<_>>());
+        let (a, b, c) = (by_id(&[1, 2, 3, 30]), by_id(&[3, 4, 5]), by_id(&[10, 11, 39]));
+        let by_both = eq_deletes(&schema, vec![1, 2], &[(20, "n6"), (21, "n0"), (22, "wrong")]);
+        let states = [
+            state(&schema, true, &[], &[]),
+            state(&schema, true, &[0, 7], &[&a]),
+            state(&schema, true, &[0, 7, 8], &[&a, &b, &by_both]),
+            state(&schema, true, &[7], &[&b, &c]),
+            state(&schema, false, &[], &[&a]),
+        ];
+        assert_eq!(states[2].eq.len(), 2, "deletes on the same columns share a group");
+        for (i, before) in states.iter().enumerate() {
+            for (j, after) in states.iter().enumerate() {
+                for at in [At::From(0), At::From(5)] {
+                    let alone = (live_mask(before, &batch, at).unwrap(), live_mask(after, &batch, at).unwrap());
+                    assert_eq!(live_masks(before, after, &batch, at).unwrap(), alone, "states {i} → {j}");
+                }
+            }
+        }
+        let live = live_mask(&states[2], &batch, At::From(0)).unwrap();
+        let dead: Vec<usize> = live.iter().enumerate().filter(|(_, l)| !**l).map(|(i, _)| i).collect();
+        assert_eq!(dead, [0, 1, 2, 3, 4, 5, 7, 8, 20, 21, 30]);
+        assert!(states[1].within(&states[2]) && !states[2].within(&states[1]) && !states[1].within(&states[3]));
     }
 }
