@@ -11,8 +11,9 @@
 //! costs (a table that is only appended to has as many files as commits), so a set keeps two orderings beside its
 //! maps:
 //! - **delete files by data sequence number**: those at or above one are a range;
-//! - **data files by the bounds of an equality field** ([`KeyIndex`], one per field id a delete has named, built the
-//!   first time one does and kept up as files come and go). An equality delete whose values of the field lie in
+//! - **data files by the bounds of an equality field** ([`KeyIndex`]: a delete is looked up by the first field it
+//!   compares whose bounds can be ordered; one index per such field, built the first time a delete is looked up by
+//!   it and kept up as files come and go). An equality delete whose values of the field lie in
 //!   `[lo, hi]` can only apply to a file whose upper bound is at least `lo` (a range of the index) and whose lower
 //!   bound is at most `hi`. A file whose bounds cannot be ordered (none, a type without an order kept here, a null
 //!   count not known to be zero) is kept aside and always tried.
@@ -132,11 +133,18 @@ impl LiveFiles {
             match d.file.content_type() {
                 DataContentType::PositionDeletes => paths.insert(named_data_file(d)?),
                 DataContentType::EqualityDeletes => {
-                    let field = *d.file.equality_ids()?.first()?;
-                    let (lo, hi) = (d.file.lower_bounds().get(&field)?, d.file.upper_bounds().get(&field)?);
+                    // the first compared field whose bounds this delete has and the index can order
+                    let (field, ty, lo, hi) = d.file.equality_ids()?.into_iter().find_map(|field| {
+                        let (lo, hi) = (d.file.lower_bounds().get(&field)?, d.file.upper_bounds().get(&field)?);
+                        let ty = lo.data_type();
+                        Some((field, ty.clone(), Key::of(lo, ty)?, Key::of(hi, ty)?))
+                    })?;
                     let Self { data, keys, .. } = self;
-                    let index = keys.entry(field).or_insert_with(|| KeyIndex::new(field, lo.data_type().clone(), data));
-                    paths.extend(index.reach(lo, hi)?);
+                    let index = keys.entry(field).or_insert_with(|| KeyIndex::new(field, ty.clone(), data));
+                    if index.ty != ty {
+                        return None;
+                    }
+                    paths.extend(index.reach(lo, hi));
                     continue;
                 }
                 DataContentType::Data => continue,
@@ -288,11 +296,10 @@ impl KeyIndex {
     }
 
     /// The files a delete whose values of the field lie in `[lo, hi]` can reach: those aside and those whose bounds
-    /// meet `[lo, hi]`; `None` when its bounds are not of the index's type.
-    fn reach<'a>(&'a self, lo: &Datum, hi: &Datum) -> Option<impl Iterator<Item = String> + 'a> {
-        let (lo, hi) = (Key::of(lo, &self.ty)?, Key::of(hi, &self.ty)?);
+    /// meet `[lo, hi]`.
+    fn reach(&self, lo: Key, hi: Key) -> impl Iterator<Item = String> + '_ {
         let meeting = self.by_upper.range((lo, String::new())..).filter(move |(_, file_lo)| **file_lo <= hi).map(|((_, p), _)| p.clone());
-        Some(self.aside.iter().cloned().chain(meeting))
+        self.aside.iter().cloned().chain(meeting)
     }
 }
 
@@ -508,6 +515,11 @@ mod tests {
         // a delete with bounds of another type than the index's reaches every file
         let other = entry(DataContentType::EqualityDeletes, "e2", Some((Datum::int(1), Datum::int(2))), Some(0), 10_002);
         assert!(live.reach(&[other]).is_none());
+        // bounds the index cannot order (a float field) build no index
+        let mut floats = LiveFiles::default();
+        floats.insert_data("no-stats", &aside);
+        let f = entry(DataContentType::EqualityDeletes, "e3", Some((Datum::double(1.0), Datum::double(2.0))), Some(0), 2);
+        assert!(floats.reach(&[f]).is_none() && floats.keys.is_empty());
     }
 
     #[test]
