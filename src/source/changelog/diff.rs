@@ -39,13 +39,23 @@ pub(super) async fn diff_file(
         None => Ok(batch),
     };
     let mut bytes = 0;
+    // the compared columns of a whole-file read, kept for the next time the file's equality deletes change
+    let mut collect = None;
     let changed = match positional_change(&job, &sb, &sa) {
         Some(changed) => Some(changed),
-        None if sb.exists && sa.exists && few_equality_keys(&job) => {
-            // equality deletes differ: find the rows whose liveness changes from the columns the deletes compare
-            let found = changed_by_equality(shared, f, &schema, &sb, &sa).await?;
-            bytes += found.bytes;
-            Some(found.positions)
+        None if sb.exists && sa.exists => {
+            // equality deletes differ: the rows whose liveness changes are found from the columns the deletes
+            // compare — kept from an earlier read, or read first when the deletes hold few keys
+            let (cols, compared) = compared_columns(&schema, &sb, &sa)?;
+            let kept = keys::get(f, &compared).await;
+            if kept.is_some() || few_equality_keys(&job) {
+                let found = changed_by_equality(shared, f, &compared, &sb, &sa, kept).await?;
+                bytes += found.bytes;
+                Some(found.positions)
+            } else {
+                collect = Some(keys::Collect::new(cols, compared));
+                None
+            }
         }
         None => None,
     };
@@ -78,6 +88,9 @@ pub(super) async fn diff_file(
     while let Some(batch) = stream.try_next().await? {
         let at = At::From(offset);
         offset += batch.num_rows() as u64;
+        if let Some(c) = collect.as_mut() {
+            c.push(&batch)?;
+        }
         let batch = with_lineage(batch, at)?;
         if !states.send(&batch, at, tx).await? {
             // receiver gone: the scan failed elsewhere
@@ -85,6 +98,9 @@ pub(super) async fn diff_file(
         }
     }
     check_rows(f, offset)?;
+    if let Some(c) = collect {
+        c.store(f).await;
+    }
     Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
 }
 
@@ -102,30 +118,52 @@ pub(super) struct Changed {
     pub(super) bytes: u64,
 }
 
-/// The positions of `f` (in both states) live in one state and not in the other, found by reading only the columns
-/// the states' equality deletes compare: the key is usually a small part of a row, and the rows it finds are then
-/// read by position — so an equality delete of a few keys, which applies to every older file of its partition, reads
-/// their keys and the pages of the matching rows, not the files.
+/// The columns the equality deletes of either state compare: their positions in `schema`, and their schema.
+pub(super) fn compared_columns(schema: &SchemaRef, before: &StateDeletes, after: &StateDeletes) -> Result<(Vec<usize>, SchemaRef)> {
+    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|g| g.sets.iter().flat_map(|e| e.field_ids.iter().copied())).collect();
+    let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
+    let compared = Arc::new(schema.project(&cols)?);
+    Ok((cols, compared))
+}
+
+/// The positions of `f` (in both states) live in one state and not in the other, found from the columns the states'
+/// equality deletes compare (`compared`, see [`compared_columns`]): those `kept` from an earlier read ([`keys`]), or
+/// else read now and kept. The key is usually a small part of a row, and the rows it finds are then read by
+/// position — so an equality delete of a few keys, which applies to every older file of its partition, reads their
+/// keys (once) and the pages of the matching rows, not the files.
 pub(super) async fn changed_by_equality(
     shared: &FileReads,
     f: &FileEntry,
-    schema: &SchemaRef,
+    compared: &SchemaRef,
     before: &StateDeletes,
     after: &StateDeletes,
+    kept: Option<Arc<Vec<RecordBatch>>>,
 ) -> Result<Changed> {
-    let ids: HashSet<i32> = before.eq.iter().chain(&after.eq).flat_map(|g| g.sets.iter().flat_map(|e| e.field_ids.iter().copied())).collect();
-    let cols: Vec<usize> = (0..schema.fields().len()).filter(|&i| reader::field_id(schema.field(i)).is_some_and(|id| ids.contains(&id))).collect();
-    let keys: SchemaRef = Arc::new(schema.project(&cols)?);
-    let (kb, ka) = (before.on(&keys)?, after.on(&keys)?);
-    let read = reader::read_rows_at(&shared.file_io, f.path(), f.file.file_format(), keys, Some(&shared.gate), None).await?;
-    let mut stream = Box::pin(read.stream);
+    let (kb, ka) = (before.on(compared)?, after.on(compared)?);
     let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
+    // the positions of `batch` (the next rows of the file) whose liveness changes
+    let mut mark = |batch: &RecordBatch, offset: &mut u64| -> Result<()> {
+        let (lb, la) = live_masks(&kb, &ka, batch, At::From(*offset))?;
+        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| *offset + i as u64));
+        *offset += batch.num_rows() as u64;
+        Ok(())
+    };
+    if let Some(kept) = kept {
+        for batch in kept.iter() {
+            mark(batch, &mut offset)?;
+        }
+        check_rows(f, offset)?;
+        return Ok(Changed { positions, bytes: 0 });
+    }
+    let read = reader::read_rows_at(&shared.file_io, f.path(), f.file.file_format(), compared.clone(), Some(&shared.gate), None).await?;
+    let mut stream = Box::pin(read.stream);
+    let mut read_keys = Vec::new();
     while let Some(batch) = stream.try_next().await? {
-        let (lb, la) = live_masks(&kb, &ka, &batch, At::From(offset))?;
-        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| offset + i as u64));
-        offset += batch.num_rows() as u64;
+        mark(&batch, &mut offset)?;
+        read_keys.push(batch);
     }
     check_rows(f, offset)?;
+    keys::put(f, compared, read_keys).await;
     Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
 }
 

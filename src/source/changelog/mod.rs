@@ -39,10 +39,12 @@ use crate::spec::lineage;
 
 mod diff;
 mod groups;
+mod keys;
 mod state;
 
 use diff::*;
 pub use groups::InParts;
+pub(crate) use keys::size as size_key_cache;
 use groups::*;
 pub(crate) use state::FileDeletes;
 use state::*;
