@@ -259,8 +259,9 @@ async fn files_that_equality_deletes_reach_again_are_answered_from_their_kept_ke
     let dir = tempfile::tempdir().unwrap();
     let (catalog, table, wh) = quickstart_table(dir.path()).await;
     // names that do not compress, so that a read of the file shows in the megabytes read
-    let names: Vec<String> =
-        (0..30_000u64).map(|i| format!("c-{:016x}{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15), i.wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(29))).collect();
+    let names: Vec<String> = (0..30_000u64)
+        .map(|i| format!("c-{:016x}{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15), i.wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(29)))
+        .collect();
     let rows: Vec<(i64, &str, i128)> = (0..30_000).map(|i| (10_000 + 2 * i as i64, names[i].as_str(), i as i128)).collect();
     let b = quickstart::orders_batch(&table, &rows).unwrap();
     let files = iceberg_cdc::sink::iceberg::files::write_data(&table, &[b]).await.unwrap();

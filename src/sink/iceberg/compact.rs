@@ -55,6 +55,9 @@ pub(crate) struct Policy {
     pub(crate) small_below: u64,
     /// Data bytes one pass rewrites at most (at least one file).
     pub(crate) max_bytes: u64,
+    /// Whether a group's small files are merged by tiers ([`tier`]): after commits, so that a file earlier passes
+    /// grew is not rewritten by every pass. `cdc maintain` and a target at rest merge them all.
+    pub(crate) tiered: bool,
 }
 
 impl Policy {
@@ -65,6 +68,7 @@ impl Policy {
             min_small_files: cfg.compact_small_files.max(2),
             small_below: cfg.target_file_size / 4 * 3,
             max_bytes: cfg.compact_max_bytes.max(1),
+            tiered: true,
         }
     }
     /// `cdc maintain`'s: any delete file or two small files in a group, no byte bound.
@@ -74,7 +78,7 @@ impl Policy {
     /// A target at rest's (see `compact_idle_after`): as thorough as `cdc maintain`'s, a pass bounded like one
     /// after commits.
     pub(crate) fn at_rest(cfg: &TargetConfig) -> Self {
-        Policy { min_delete_files: 1, min_small_files: 2, ..Policy::of(cfg) }
+        Policy { min_delete_files: 1, min_small_files: 2, tiered: false, ..Policy::of(cfg) }
     }
 }
 
@@ -117,6 +121,32 @@ pub(crate) struct Candidate {
     pub(crate) deletes: Vec<usize>,
 }
 
+/// How much larger than the bytes already chosen a small file may be and still join a tiered pass.
+const TIER_RATIO: u64 = 2;
+
+/// The clean small files (`small`, indices into `data`) a tiered pass merges, oldest first: smallest first, each at
+/// most [`TIER_RATIO`] times the bytes chosen before it (the files deletes apply to, `forced`, count as chosen).
+///
+/// Merging every small file of a group at each pass rewrites the file the passes before wrote every time: a
+/// streaming target's partition below three quarters of `target_file_size` would be rewritten whole every
+/// `compact_small_files` commits, a cost growing with the table. By tiers, a file waits until the files beside it add
+/// up to half of it, so a row is rewritten about log₂(its file's size / a commit's) times, and a group keeps about
+/// that many files beside those not yet merged. Pure.
+fn tier(data: &[Candidate], forced: &[usize], mut small: Vec<usize>) -> Vec<usize> {
+    small.sort_by_key(|&i| (data[i].bytes, i));
+    let mut chosen_bytes: u64 = forced.iter().map(|&i| data[i].bytes).sum();
+    let mut out = Vec::new();
+    for i in small {
+        if chosen_bytes > 0 && data[i].bytes > chosen_bytes.saturating_mul(TIER_RATIO) {
+            break;
+        }
+        chosen_bytes = chosen_bytes.saturating_add(data[i].bytes);
+        out.push(i);
+    }
+    out.sort_unstable();
+    out
+}
+
 /// What one compaction does.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -137,11 +167,16 @@ pub(crate) fn plan(data: &[Candidate], deletes: usize, policy: &Policy) -> Plan 
     let mut due: Vec<(usize, usize, Vec<usize>)> = Vec::new();
     for members in groups.into_values() {
         let applying: HashSet<usize> = members.iter().flat_map(|i| data[*i].deletes.iter().copied()).collect();
-        let small = members.iter().filter(|i| data[**i].bytes < policy.small_below).count();
+        // files deletes apply to are rewritten whatever their size (that is what drops the deletes)
+        let (forced, clean): (Vec<usize>, Vec<usize>) = members.iter().partition(|i| !data[**i].deletes.is_empty());
+        let clean_small: Vec<usize> = clean.into_iter().filter(|i| data[*i].bytes < policy.small_below).collect();
+        let clean_small = if policy.tiered { tier(data, &forced, clean_small) } else { clean_small };
+        let small = forced.iter().filter(|i| data[**i].bytes < policy.small_below).count() + clean_small.len();
         if applying.len() < policy.min_delete_files && small < policy.min_small_files {
             continue;
         }
-        let chosen: Vec<usize> = members.into_iter().filter(|i| data[*i].bytes < policy.small_below || !data[*i].deletes.is_empty()).collect();
+        let mut chosen: Vec<usize> = forced.into_iter().chain(clean_small).collect();
+        chosen.sort_unstable();
         if chosen.len() == 1 && data[chosen[0]].deletes.is_empty() {
             continue; // one small file rewritten is the same file again
         }
@@ -439,7 +474,7 @@ impl crate::change::ChangeConsumer for Rewrite {
 mod tests {
     use super::*;
 
-    const P: Policy = Policy { min_delete_files: 3, min_small_files: 3, small_below: 100, max_bytes: 1000 };
+    const P: Policy = Policy { min_delete_files: 3, min_small_files: 3, small_below: 100, max_bytes: 1000, tiered: false };
 
     fn c(group: usize, bytes: u64, deletes: &[usize]) -> Candidate {
         Candidate { group, bytes, deletes: deletes.to_vec() }
@@ -463,6 +498,55 @@ mod tests {
         let p = plan(&data, 0, &P);
         assert_eq!(p.rewrite, vec![0, 1, 2], "the full file and the group of two small ones stay");
         assert!(p.drop_deletes.is_empty());
+    }
+
+    #[test]
+    fn after_commits_small_files_are_merged_by_tiers() {
+        let tiered = Policy { small_below: 10_000, max_bytes: u64::MAX, tiered: true, ..P };
+        // a file earlier passes grew (5 000 B) beside three commits' files: those three go, it stays
+        let data = [c(0, 5_000, &[]), c(0, 10, &[]), c(0, 12, &[]), c(0, 11, &[])];
+        assert_eq!(plan(&data, 0, &tiered).rewrite, vec![1, 2, 3]);
+        assert_eq!(plan(&data, 0, &Policy { tiered: false, ..tiered }).rewrite, vec![0, 1, 2, 3], "merged whole");
+        // it joins once the others reach half of it; a file a delete applies to counts as chosen
+        let data = [c(0, 5_000, &[]), c(0, 1_000, &[]), c(0, 1_200, &[]), c(0, 1_100, &[])];
+        assert_eq!(plan(&data, 0, &tiered).rewrite, vec![0, 1, 2, 3]);
+        let data = [c(0, 5_000, &[]), c(0, 3_000, &[0]), c(0, 10, &[])];
+        assert_eq!(plan(&data, 1, &Policy { min_delete_files: 1, ..tiered }).rewrite, vec![0, 1, 2]);
+        // two commits' files beside a large one are not yet enough to be due
+        assert_eq!(plan(&[c(0, 5_000, &[]), c(0, 10, &[]), c(0, 10, &[])], 0, &tiered), Plan::default());
+    }
+
+    /// A streaming target, replayed: every commit adds one file of 1 000 B and compaction runs after each when due
+    /// (the chosen files becoming one file of their bytes). Tiered, each byte is rewritten about log₂(commits /
+    /// `min_small_files`) times and a partition keeps a few dozen files at most; merged whole, bytes rewritten grow with the
+    /// square of the commits.
+    #[test]
+    fn tiers_rewrite_each_byte_a_logarithmic_number_of_times() {
+        let replay = |tiered: bool| {
+            let policy = Policy { min_delete_files: 3, min_small_files: 16, small_below: u64::MAX, max_bytes: u64::MAX, tiered };
+            let (mut files, mut rewritten, mut most) = (Vec::<u64>::new(), 0u64, 0usize);
+            for _ in 0..4_000 {
+                files.push(1_000);
+                let data: Vec<Candidate> = files.iter().map(|&b| c(0, b, &[])).collect();
+                let p = plan(&data, 0, &policy);
+                if !p.rewrite.is_empty() {
+                    let merged: u64 = p.rewrite.iter().map(|&i| files[i]).sum();
+                    rewritten += merged;
+                    let gone: HashSet<usize> = p.rewrite.iter().copied().collect();
+                    files = files.iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, b)| *b).collect();
+                    files.push(merged);
+                }
+                most = most.max(files.len());
+            }
+            assert_eq!(files.iter().sum::<u64>(), 4_000_000, "no bytes lost or doubled");
+            (rewritten as f64 / 4_000_000.0, most)
+        };
+        let (amplification, most) = replay(true);
+        // (measured: 5.8 times, 20 files)
+        assert!(amplification < 8.0, "tiered: each byte rewritten {amplification:.1} times");
+        assert!(most <= 30, "tiered: {most} files at most");
+        let (whole, _) = replay(false);
+        assert!(whole > 100.0, "merged whole: each byte rewritten {whole:.1} times");
     }
 
     #[test]
@@ -499,7 +583,8 @@ mod tests {
         let cfg: TargetConfig =
             toml::from_str("table = \"t\"\ncompact_max_bytes = \"1KiB\"\n[catalog]\ntype = \"hadoop\"\nwarehouse = \"/w\"\n").unwrap();
         let rest = Policy::at_rest(&cfg);
-        assert_eq!((rest.min_delete_files, rest.min_small_files, rest.max_bytes), (1, 2, 1024));
+        assert_eq!((rest.min_delete_files, rest.min_small_files, rest.max_bytes, rest.tiered), (1, 2, 1024, false));
+        assert!(Policy::of(&cfg).tiered, "after commits, small files are merged by tiers");
         assert_eq!(Policy::thorough(&cfg).max_bytes, u64::MAX);
         let small = rest.small_below / 2;
         // one delete file on one small file: nothing after commits, all of it at rest

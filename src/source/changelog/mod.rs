@@ -44,8 +44,8 @@ mod state;
 
 use diff::*;
 pub use groups::InParts;
-pub(crate) use keys::size as size_key_cache;
 use groups::*;
+pub(crate) use keys::size as size_key_cache;
 pub(crate) use state::FileDeletes;
 use state::*;
 
