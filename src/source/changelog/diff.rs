@@ -157,13 +157,13 @@ pub(super) async fn changed_by_equality(
     }
     let read = reader::read_rows_at(&shared.file_io, f.path(), f.file.file_format(), compared.clone(), Some(&shared.gate), None).await?;
     let mut stream = Box::pin(read.stream);
-    let mut read_keys = Vec::new();
+    let mut collect = keys::Collect::all(compared.clone());
     while let Some(batch) = stream.try_next().await? {
         mark(&batch, &mut offset)?;
-        read_keys.push(batch);
+        collect.push(&batch)?;
     }
     check_rows(f, offset)?;
-    keys::put(f, compared, read_keys).await;
+    collect.store(f).await;
     Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
 }
 

@@ -11,6 +11,8 @@
 //!
 //! Process-wide (pipelines following the same source share it), least recently used out first, within a sixteenth
 //! of `engine.memory_budget` ([`size`]); a file whose columns would take more than a quarter of that is not kept.
+//! The columns of the files being read are collected within the same bound ([`Collect`]): what all reads at once
+//! hold before they are kept is at most that sixteenth as well; a read that would pass it stops collecting.
 //!
 //! Invariant: an entry holds every row of the file, in file order, decoded with exactly the schema it is keyed by
 //! (field ids, types, metadata such as a name mapping); it is keyed by the file's path, size and row count as well,
@@ -30,6 +32,8 @@ type Key = (String, u64, u64, SchemaRef);
 
 /// Bytes the process keeps ([`size`]); 16 MiB until sized.
 static BYTES: AtomicU64 = AtomicU64::new(16 << 20);
+/// Bytes collected by reads in progress ([`Collect`]), at most [`BYTES`].
+static COLLECTING: AtomicU64 = AtomicU64::new(0);
 static CACHE: OnceLock<moka::future::Cache<Key, Arc<Vec<RecordBatch>>>> = OnceLock::new();
 
 /// Sizes the cache to a sixteenth of `memory_budget`; effective only before the first file is kept (the service and
@@ -66,51 +70,80 @@ pub(super) async fn get(f: &FileEntry, schema: &SchemaRef) -> Option<Arc<Vec<Rec
 }
 
 /// Keeps `batches`, every row of `f` decoded with `schema` in file order, unless they exceed a file's share.
-pub(super) async fn put(f: &FileEntry, schema: &SchemaRef, batches: Vec<RecordBatch>) {
+async fn put(f: &FileEntry, schema: &SchemaRef, batches: Vec<RecordBatch>) {
     let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     if rows == f.file.record_count() && batches_bytes(&batches) <= entry_limit() {
         cache().insert(key(f, schema), Arc::new(batches)).await;
     }
 }
 
-/// Collects the compared columns of a whole-file read, batch by batch, until they exceed a file's share.
+/// Collects the compared columns of a file as it is read, batch by batch, until they exceed a file's share or the
+/// reads in progress would hold more than the cache's bytes ([`COLLECTING`]); then it lets go of what it holds.
 pub(super) struct Collect {
     /// The compared columns' positions in the read schema, and their schema.
     cols: Vec<usize>,
     schema: SchemaRef,
     batches: Vec<RecordBatch>,
+    /// Bytes of `batches`, counted in `pool` until dropped.
     bytes: u64,
-    /// Past a file's share: nothing more is collected, nothing stored.
-    full: bool,
+    /// What the reads in progress hold: [`COLLECTING`] (a test's own counter in tests).
+    pool: &'static AtomicU64,
+    /// Stopped: nothing more is collected, nothing stored.
+    stopped: bool,
 }
 
 impl Collect {
+    /// Collects columns `cols` of the batches it is given, as `schema`.
     pub(super) fn new(cols: Vec<usize>, schema: SchemaRef) -> Self {
-        Collect { cols, schema, batches: Vec::new(), bytes: 0, full: false }
+        Collect { cols, schema, batches: Vec::new(), bytes: 0, pool: &COLLECTING, stopped: false }
     }
 
-    /// Adds the compared columns of `batch` (a batch of the read schema, the next rows of the file).
+    /// Collects every column of batches of `schema` (a read of the compared columns alone).
+    pub(super) fn all(schema: SchemaRef) -> Self {
+        Collect::new((0..schema.fields().len()).collect(), schema)
+    }
+
+    /// Adds the compared columns of `batch` (the next rows of the file).
     pub(super) fn push(&mut self, batch: &RecordBatch) -> Result<()> {
-        if self.full {
+        if self.stopped {
             return Ok(());
         }
         let cols = self.cols.iter().map(|&i| batch.column(i).clone()).collect();
         let keys = RecordBatch::try_new(self.schema.clone(), cols)?;
-        self.bytes += keys.get_array_memory_size() as u64;
-        self.full = self.bytes > entry_limit();
-        if self.full {
-            self.batches = Vec::new();
-        } else {
-            self.batches.push(keys);
+        let more = keys.get_array_memory_size() as u64;
+        let limit = BYTES.load(Ordering::Relaxed);
+        let reserved = self.pool.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| (held + more <= limit).then_some(held + more)).is_ok();
+        if !reserved || self.bytes + more > entry_limit() {
+            if reserved {
+                self.pool.fetch_sub(more, Ordering::AcqRel);
+            }
+            self.stop();
+            return Ok(());
         }
+        self.bytes += more;
+        self.batches.push(keys);
         Ok(())
     }
 
+    /// Lets go of what was collected.
+    fn stop(&mut self) {
+        self.stopped = true;
+        self.batches = Vec::new();
+        self.pool.fetch_sub(std::mem::take(&mut self.bytes), Ordering::AcqRel);
+    }
+
     /// Keeps what was collected of `f`, when it is all of the file.
-    pub(super) async fn store(self, f: &FileEntry) {
-        if !self.full {
-            put(f, &self.schema, self.batches).await;
+    pub(super) async fn store(mut self, f: &FileEntry) {
+        if !self.stopped {
+            let batches = std::mem::take(&mut self.batches);
+            put(f, &self.schema, batches).await;
         }
+    }
+}
+
+impl Drop for Collect {
+    fn drop(&mut self) {
+        self.pool.fetch_sub(std::mem::take(&mut self.bytes), Ordering::AcqRel);
     }
 }
 
@@ -172,10 +205,45 @@ mod tests {
         assert_eq!(kept[1].column(0).as_ref(), batch.column(0).as_ref());
         // a file whose columns pass a quarter of the cache is not kept
         let g = entry("mem://keys/c.parquet", 4, 1000);
+        static POOL: AtomicU64 = AtomicU64::new(0);
         let mut c = Collect::new(vec![0], keys.clone());
+        c.pool = &POOL;
         c.bytes = entry_limit();
+        POOL.fetch_add(entry_limit(), Ordering::AcqRel);
         c.push(&batch).unwrap();
+        assert!(c.stopped && c.batches.is_empty() && c.bytes == 0 && POOL.load(Ordering::Acquire) == 0);
         c.store(&g).await;
         assert!(get(&g, &keys).await.is_none());
+        // a read of the compared columns alone collects them whole
+        let h = entry("mem://keys/d.parquet", 4, 1000);
+        let only = RecordBatch::try_new(keys.clone(), vec![batch.column(0).clone()]).unwrap();
+        let mut c = Collect::all(keys.clone());
+        c.push(&only).unwrap();
+        c.store(&h).await;
+        assert_eq!(get(&h, &keys).await.expect("kept")[0], only);
+    }
+
+    #[test]
+    fn reads_in_progress_collect_within_the_caches_bytes() {
+        let keys = schema(DataType::Int64);
+        let batch = RecordBatch::try_new(keys.clone(), vec![Arc::new(Int64Array::from_iter_values(0..1_000))]).unwrap();
+        static POOL: AtomicU64 = AtomicU64::new(0);
+        let one = batch.get_array_memory_size() as u64;
+        let mut a = Collect::all(keys.clone());
+        a.pool = &POOL;
+        a.push(&batch).unwrap();
+        assert_eq!(POOL.load(Ordering::Acquire), one);
+        // other reads hold all but less than a batch: `b`'s batch would pass the bound, so `b` stops and lets go
+        let rest = BYTES.load(Ordering::Relaxed) - one - one / 2;
+        POOL.fetch_add(rest, Ordering::AcqRel);
+        let mut b = Collect::all(keys.clone());
+        b.pool = &POOL;
+        b.push(&batch).unwrap();
+        assert!(b.stopped && b.batches.is_empty() && b.bytes == 0);
+        assert_eq!(POOL.load(Ordering::Acquire), one + rest);
+        POOL.fetch_sub(rest, Ordering::AcqRel);
+        drop(b);
+        drop(a);
+        assert_eq!(POOL.load(Ordering::Acquire), 0, "dropped reads give their bytes back");
     }
 }
