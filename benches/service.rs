@@ -17,7 +17,10 @@
 //!
 //! - History (`--history N[,N…]`): the cost of following a source by the length of its history, per build (this and
 //!   `--baseline`): `--commits` small commits at `--rate` per second replayed by moving the catalog's pointer over
-//!   a source of N snapshots with one unmerged manifest each; CPU per target commit and latency.
+//!   a source of N snapshots with one unmerged manifest each; CPU per target commit and latency. The source is
+//!   written by iceberg-rust, which lists snapshots in a hash map's order; `--appending-writer 1` rewrites the
+//!   replayed metadata files with snapshots in commit order, as Java and pyiceberg write them (each file's arrays
+//!   the previous file's and more).
 //!
 //! - Discovery (`--discover TABLES,NAMESPACES`): a sqlite catalog and a hadoop warehouse of TABLES empty tables in
 //!   NAMESPACES namespaces; per catalog the time and catalog calls of one listing (median of 5), then `cdc run` with
@@ -25,7 +28,7 @@
 //!   CPU and RSS over `--idle-seconds`, as the idle bench reports them for hand-listed pipelines.
 //!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --appending-writer 0 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -307,7 +310,8 @@ async fn main() {
         let histories: Vec<usize> = histories.split(',').map(|n| n.trim().parse().expect("--history N[,N…]")).collect();
         let rate = arg("--rate", 4);
         let commits = arg("--commits", 100) as usize;
-        history_bench(dir, &histories, rate, commits, &builds_of(baseline.as_deref())).await;
+        let appending = arg("--appending-writer", 0) == 1;
+        history_bench(dir, &histories, rate, commits, appending, &builds_of(baseline.as_deref())).await;
     }
 
     if let Some(d) = text_arg("--discover") {
@@ -407,9 +411,10 @@ fn builds_of(baseline: Option<&str>) -> Vec<(&'static str, String)> {
 /// rows deleted by equality deletes — all written up front; the catalog's pointer is then moved one commit forward
 /// `rate` times a second while a service (poll 250 ms) follows into a new target, so the writer costs the
 /// service's cores nothing. Reported per build: CPU per target commit, target commits, latency P50/P99.
-async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, builds: &[(&str, String)]) {
+async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, appending: bool, builds: &[(&str, String)]) {
+    let order = if appending { "snapshots in commit order, as Java and pyiceberg write them" } else { "snapshots in iceberg-rust's hash-map order" };
     println!(
-        "### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted)\n"
+        "### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted; {order})\n"
     );
     println!("| history (snapshots) | build | target commits | CPU ms per target commit | service CPU % | latency P50 s | P99 s | max s |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
@@ -447,6 +452,15 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             locations.push(table.metadata_location().unwrap().to_string());
         }
         eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
+        if appending {
+            // as Java and pyiceberg write them: snapshots in commit order, each file's arrays the last file's and more
+            for loc in &locations[history..] {
+                let path = loc.strip_prefix("file://").unwrap_or(loc);
+                let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+                doc["snapshots"].as_array_mut().unwrap().sort_by_key(|s| s["sequence-number"].as_i64().unwrap());
+                std::fs::write(path, serde_json::to_vec(&doc).unwrap()).unwrap();
+            }
+        }
         let db = rusqlite::Connection::open(wh.join("catalog.db")).unwrap();
         let point = |loc: &str| {
             db.execute("UPDATE iceberg_tables SET metadata_location = ?1 WHERE table_name = 'orders'", [loc]).unwrap();
