@@ -412,13 +412,18 @@ async fn pipeline_loop(run: Run, mut stop: watch::Receiver<bool>, telemetry: Arc
 /// commit instead (as before), a poll came early about every other time and skipped a commit it was meant to make —
 /// two poll intervals of latency for the commits it left (issue 51: busy P99 2.1 s at a 1 s poll). Pure.
 fn commit_due(last: Option<Instant>, now: Instant, commit_interval: Duration, poll_interval: Duration) -> bool {
-    last.is_none_or(|t| now.saturating_duration_since(t) + poll_interval / 10 >= commit_interval)
+    last.is_none_or(|t| now.saturating_duration_since(t) + jitter(poll_interval) >= commit_interval)
 }
 
-/// `interval` ± 10 %: loops started together drift apart instead of polling in lockstep.
+/// How far [`jittered`] moves a poll interval either way: a tenth of it.
+fn jitter(interval: Duration) -> Duration {
+    Duration::from_millis(interval.as_millis() as u64 / 10)
+}
+
+/// `interval` ± [`jitter`]: loops started together drift apart instead of polling in lockstep.
 fn jittered(interval: Duration) -> Duration {
-    let tenth = interval.as_millis() as u64 / 10;
-    interval.saturating_sub(Duration::from_millis(tenth)) + Duration::from_millis(crate::backoff::random_up_to(2 * tenth))
+    let tenth = jitter(interval);
+    interval.saturating_sub(tenth) + Duration::from_millis(crate::backoff::random_up_to(2 * tenth.as_millis() as u64))
 }
 
 /// Runs one [`poll`] on a thread of Tokio's blocking pool, driving its (non-`Send`) futures there. A panic in the
