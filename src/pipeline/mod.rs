@@ -107,7 +107,7 @@ fn warn_in_parts(st: &SnapshotStats) -> Option<u64> {
 /// The changelog scan's options from `cfg`'s engine settings (and the size of the cache of parsed manifests).
 pub fn scan_options(cfg: &Config) -> ScanOptions {
     crate::source::files::size_manifest_cache(cfg.engine.memory_budget);
-    crate::source::changelog::size_key_cache(cfg.engine.memory_budget);
+    crate::source::changelog::size_caches(cfg.engine.memory_budget);
     ScanOptions {
         memory_budget: cfg.engine.memory_budget,
         configured_budget: cfg.engine.memory_budget,

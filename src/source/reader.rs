@@ -395,11 +395,19 @@ pub async fn read_dv(file_io: &FileIO, entry: &FileEntry) -> Result<RoaringTreem
 pub struct EqDeletes {
     pub field_ids: Vec<i32>,
     pub keys: KeySet,
+    /// The file's identity across reads and polls: a 128-bit hash of its path, size and row count (a delete file
+    /// never changes once written). Sets of deletes are named by the sum of theirs ([`EqDeletes::identity`]).
+    pub id: u128,
 }
 
 pub use crate::spec::rowenc::KeySet;
 
 impl EqDeletes {
+    /// The identity of the delete file at `path` of `size` bytes holding `rows` keys (see [`EqDeletes::id`]).
+    pub fn identity(path: &str, size: u64, rows: u64) -> u128 {
+        hash128(&(path, size, rows))
+    }
+
     /// The positions in `data_schema` of the columns these deletes compare.
     pub fn columns(&self, data_schema: &Schema) -> Result<Vec<usize>> {
         self.field_ids
@@ -421,6 +429,19 @@ impl EqDeletes {
     }
 }
 
+/// A 128-bit hash of `v`, the same for the life of the process (two SipHashes with fixed keys): names what stays
+/// the same across polls; a collision is as unlikely as two random 128-bit values being equal.
+pub(crate) fn hash128(v: &impl std::hash::Hash) -> u128 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hash, Hasher};
+    let halves = [0u8, 1].map(|tag| {
+        let mut h = BuildHasherDefault::<DefaultHasher>::default().build_hasher();
+        tag.hash(&mut h);
+        v.hash(&mut h);
+        h.finish()
+    });
+    (u128::from(halves[0]) << 64) | u128::from(halves[1])
+}
+
 /// The row converter of the columns `idx` of `schema`: how equality-delete keys are encoded and compared.
 pub(crate) fn key_converter(schema: &Schema, idx: &[usize]) -> Result<RowConverter> {
     Ok(RowConverter::new(idx.iter().map(|&i| SortField::new(schema.field(i).data_type().clone())).collect())?)
@@ -433,7 +454,8 @@ pub async fn read_equality_deletes(file_io: &FileIO, entry: &FileEntry, data_sch
         return Err(Error::data(path, "equality-delete file without equality_ids"));
     }
     let capacity = entry.file.record_count().min(64 << 20) as usize;
-    let mut eq = EqDeletes { field_ids, keys: KeySet::with_capacity_and_hasher(capacity, ahash::RandomState::new()) };
+    let id = EqDeletes::identity(path, entry.file.file_size_in_bytes(), entry.file.record_count());
+    let mut eq = EqDeletes { field_ids, keys: KeySet::with_capacity_and_hasher(capacity, ahash::RandomState::new()), id };
     let (conv, idx) = eq.converter(data_schema)?;
     let key_schema: SchemaRef = Arc::new(Schema::new(idx.iter().map(|&i| data_schema.field(i).clone()).collect::<Vec<_>>()));
     // an equality-delete file without one of its equality columns would delete nothing: refused

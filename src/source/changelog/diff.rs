@@ -29,8 +29,20 @@ pub(super) async fn diff_file(
     let f = job.file.as_ref();
     let fp = if fingerprint { Some(Fingerprinter::new(&schema)?) } else { None };
     let (file_io, cache) = (&shared.file_io, shared.cache.as_ref());
-    let sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
-    let sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
+    let mut sb = load_state(file_io, cache, f, job.before.0, &job.before.1, &schema, schema_id).await?;
+    let mut sa = load_state(file_io, cache, f, job.after.0, &job.after.1, &schema, schema_id).await?;
+    // the rows the equality deletes of each state remove, when an earlier pass kept them; else those of the state
+    // after are gathered for the next poll, by any pass over every row of the file
+    let mut found = None;
+    for (st, after) in [(&mut sb, false), (&mut sa, true)] {
+        if st.exists && !st.eq.is_empty() {
+            let set = dead::set_of(&schema, st);
+            st.eq_removed = dead::get(f, set).await;
+            if after && st.eq_removed.is_none() {
+                found = Some(dead::Found::new(set));
+            }
+        }
+    }
     let states = States { before: &sb, after: &sa, fp: fp.as_ref() };
     // a read that asks for row lineage (a v3 compaction) gets each row's, stored or inherited
     let lineage = crate::spec::row_lineage::lineage_columns(&schema);
@@ -49,9 +61,9 @@ pub(super) async fn diff_file(
             let (cols, compared) = compared_columns(&schema, &sb, &sa)?;
             let kept = keys::get(f, &compared).await;
             if kept.is_some() || few_equality_keys(&job) {
-                let found = changed_by_equality(shared, f, &compared, &sb, &sa, kept).await?;
-                bytes += found.bytes;
-                Some(found.positions)
+                let changed = changed_by_equality(shared, f, &compared, &sb, &sa, kept, found.take()).await?;
+                bytes += changed.bytes;
+                Some(changed.positions)
             } else {
                 collect = Some(keys::Collect::new(cols, compared));
                 None
@@ -75,7 +87,7 @@ pub(super) async fn diff_file(
             }
             rows += at.len() as u64;
             let batch = with_lineage(batch, At::Positions(&at))?;
-            if !states.send(&batch, At::Positions(&at), tx).await? {
+            if !states.send(&batch, At::Positions(&at), tx, None).await? {
                 break;
             }
         }
@@ -92,7 +104,7 @@ pub(super) async fn diff_file(
             c.push(&batch)?;
         }
         let batch = with_lineage(batch, at)?;
-        if !states.send(&batch, at, tx).await? {
+        if !states.send(&batch, at, tx, found.as_mut()).await? {
             // receiver gone: the scan failed elsewhere
             return Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() });
         }
@@ -100,6 +112,9 @@ pub(super) async fn diff_file(
     check_rows(f, offset)?;
     if let Some(c) = collect {
         c.store(f).await;
+    }
+    if let Some(found) = found {
+        found.store(f).await;
     }
     Ok(FileRead { rows: offset, bytes: f.file.file_size_in_bytes() })
 }
@@ -138,13 +153,18 @@ pub(super) async fn changed_by_equality(
     before: &StateDeletes,
     after: &StateDeletes,
     kept: Option<Arc<Vec<RecordBatch>>>,
+    mut found: Option<dead::Found>,
 ) -> Result<Changed> {
     let (kb, ka) = (before.on(compared)?, after.on(compared)?);
     let (mut positions, mut offset) = (RoaringTreemap::new(), 0u64);
     // the positions of `batch` (the next rows of the file) whose liveness changes
     let mut mark = |batch: &RecordBatch, offset: &mut u64| -> Result<()> {
-        let (lb, la) = live_masks(&kb, &ka, batch, At::From(*offset))?;
-        positions.extend(lb.iter().zip(&la).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| *offset + i as u64));
+        let at = At::From(*offset);
+        let masks = live_masks(&kb, &ka, batch, at)?;
+        positions.extend(masks.before.iter().zip(&masks.after).enumerate().filter(|(_, (b, a))| b != a).map(|(i, _)| *offset + i as u64));
+        if let Some(found) = found.as_mut() {
+            found.push(&masks.eq_removed_after, at);
+        }
         *offset += batch.num_rows() as u64;
         Ok(())
     };
@@ -153,6 +173,9 @@ pub(super) async fn changed_by_equality(
             mark(batch, &mut offset)?;
         }
         check_rows(f, offset)?;
+        if let Some(found) = found {
+            found.store(f).await;
+        }
         return Ok(Changed { positions, bytes: 0 });
     }
     let read = reader::read_rows_at(&shared.file_io, f.path(), f.file.file_format(), compared.clone(), Some(&shared.gate), None).await?;
@@ -164,6 +187,9 @@ pub(super) async fn changed_by_equality(
     }
     check_rows(f, offset)?;
     collect.store(f).await;
+    if let Some(found) = found {
+        found.store(f).await;
+    }
     Ok(Changed { positions, bytes: read.fetched.load(std::sync::atomic::Ordering::Relaxed) })
 }
 
@@ -171,7 +197,7 @@ impl StateDeletes {
     /// The same state, its equality deletes compared on the columns of `schema` (a projection of the one it was
     /// loaded with).
     pub(super) fn on(&self, schema: &SchemaRef) -> Result<StateDeletes> {
-        let mut st = StateDeletes { exists: self.exists, positions: self.positions.clone(), eq: Vec::new() };
+        let mut st = StateDeletes { exists: self.exists, positions: self.positions.clone(), eq: Vec::new(), eq_removed: self.eq_removed.clone() };
         for e in self.eq.iter().flat_map(|g| &g.sets) {
             st.add_eq(e.clone(), schema)?;
         }
@@ -189,8 +215,18 @@ pub(super) struct States<'a> {
 impl States<'_> {
     /// Sends the rows of `batch` (at `at` in the file) that are live before and not after (removed), and after and not
     /// before (added). `false` when the receiver is gone (the scan failed elsewhere).
-    pub(super) async fn send(&self, batch: &RecordBatch, at: At<'_>, tx: &tokio::sync::mpsc::Sender<Result<FileRows>>) -> Result<bool> {
-        let (lb, la) = live_masks(self.before, self.after, batch, at)?;
+    /// The rows the state after's equality deletes remove go to `found`, when given.
+    pub(super) async fn send(
+        &self,
+        batch: &RecordBatch,
+        at: At<'_>,
+        tx: &tokio::sync::mpsc::Sender<Result<FileRows>>,
+        found: Option<&mut dead::Found>,
+    ) -> Result<bool> {
+        let Masks { before: lb, after: la, eq_removed_after } = live_masks(self.before, self.after, batch, at)?;
+        if let Some(found) = found {
+            found.push(&eq_removed_after, at);
+        }
         for (side, mask) in [
             (Side::Removed, lb.iter().zip(&la).map(|(b, a)| *b && !*a).collect::<Vec<_>>()),
             (Side::Added, la.iter().zip(&lb).map(|(a, b)| *a && !*b).collect::<Vec<_>>()),

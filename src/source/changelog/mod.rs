@@ -37,6 +37,7 @@ use crate::source::reader::{self, EqDeletes};
 use crate::source::slim::Slim;
 use crate::spec::lineage;
 
+mod dead;
 mod diff;
 mod groups;
 mod keys;
@@ -45,9 +46,15 @@ mod state;
 use diff::*;
 pub use groups::InParts;
 use groups::*;
-pub(crate) use keys::size as size_key_cache;
 pub(crate) use state::FileDeletes;
 use state::*;
+
+/// Sizes the process-wide caches of data files' compared columns ([`keys`]) and of the rows their equality deletes
+/// remove ([`dead`]) within `memory_budget` (`engine.memory_budget`); call once the configuration is loaded.
+pub(crate) fn size_caches(memory_budget: u64) {
+    keys::size(memory_budget);
+    dead::size(memory_budget);
+}
 
 /// How a scan divides `engine.memory_budget` (numerator, denominator). The parts run at the same time — readers hold
 /// fetched row groups while carry-over holds fingerprints and rows and the netter buffers change rows — so each set
@@ -224,6 +231,9 @@ struct StateDeletes {
     exists: bool,
     positions: RoaringTreemap,
     eq: Vec<EqGroup>,
+    /// The positions the equality deletes of `eq` remove, when kept from an earlier pass over the file ([`dead`]):
+    /// then no row is looked up in them.
+    eq_removed: Option<Arc<RoaringTreemap>>,
 }
 
 /// Equality-delete files that compare the same columns (their positions in the reading schema), with the row

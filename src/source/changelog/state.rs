@@ -102,32 +102,35 @@ impl StateDeletes {
         Ok(())
     }
 
-    /// Whether every delete of `self` is one of `other`'s (equality-delete files by identity): then a row deleted in
-    /// `self` is deleted in `other`.
-    fn within(&self, other: &StateDeletes) -> bool {
+    /// Whether every equality delete of `self` is one of `other`'s (by identity): then a row they remove in `self`
+    /// is removed in `other`.
+    fn eq_within(&self, other: &StateDeletes) -> bool {
         let theirs: HashSet<*const EqDeletes> = other.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect();
-        self.positions.is_subset(&other.positions) && self.eq.iter().all(|g| g.sets.iter().all(|e| theirs.contains(&Arc::as_ptr(e))))
+        self.eq.iter().all(|g| g.sets.iter().all(|e| theirs.contains(&Arc::as_ptr(e))))
     }
 
-    /// Clears in `live` the rows of `batch` (at `at` in the file) these deletes remove, leaving out the
-    /// equality-delete files in `known` (already applied); `keys` holds each column group's encoded rows of the
-    /// batch, encoded once and shared by both states.
-    fn clear_deleted(
+    /// The rows of `batch` (at `at` in the file) these equality deletes remove: from [`StateDeletes::eq_removed`]
+    /// when known, else looked up. `base`: rows already known removed by a subset of these deletes (`known`, by
+    /// identity), so that only the others are tried against the rows left. `keys` holds each column group's encoded
+    /// rows of the batch, encoded once and shared by both states.
+    fn eq_removed_rows(
         &self,
-        live: &mut [bool],
         batch: &RecordBatch,
         at: At<'_>,
-        known: &HashSet<*const EqDeletes>,
+        base: Option<(&[bool], &HashSet<*const EqDeletes>)>,
         keys: &mut Vec<(Vec<usize>, arrow_row::Rows)>,
-    ) -> Result<()> {
-        if !self.positions.is_empty() {
-            for (i, l) in live.iter_mut().enumerate() {
-                *l = *l && !self.positions.contains(at.position(i));
-            }
+    ) -> Result<Vec<bool>> {
+        if let Some(removed) = &self.eq_removed {
+            return Ok((0..batch.num_rows()).map(|i| removed.contains(at.position(i))).collect());
         }
+        let none = HashSet::new();
+        let (mut removed, known) = match base {
+            Some((rows, known)) => (rows.to_vec(), known),
+            None => (vec![false; batch.num_rows()], &none),
+        };
         for group in &self.eq {
             let sets: Vec<&EqDeletes> = group.sets.iter().filter(|e| !known.contains(&Arc::as_ptr(e))).map(|e| e.as_ref()).collect();
-            if sets.is_empty() || !live.contains(&true) {
+            if sets.is_empty() || !removed.contains(&false) {
                 continue;
             }
             let k = match keys.iter().position(|(idx, _)| *idx == group.idx) {
@@ -139,42 +142,55 @@ impl StateDeletes {
                 }
             };
             for (i, r) in keys[k].1.iter().enumerate() {
-                if live[i] && sets.iter().any(|e| e.keys.contains(r.as_ref())) {
-                    live[i] = false;
+                if !removed[i] && sets.iter().any(|e| e.keys.contains(r.as_ref())) {
+                    removed[i] = true;
                 }
             }
         }
-        Ok(())
+        Ok(removed)
+    }
+
+    /// Which rows are live in this state, given the rows its equality deletes remove.
+    fn live(&self, eq_removed: &[bool], at: At<'_>) -> Vec<bool> {
+        eq_removed.iter().enumerate().map(|(i, r)| self.exists && !r && !self.positions.contains(at.position(i))).collect()
     }
 }
 
 /// Live mask of one batch whose rows sit at `at` in the file.
 pub(super) fn live_mask(st: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Vec<bool>> {
-    let mut live = vec![st.exists; batch.num_rows()];
-    if st.exists {
-        st.clear_deleted(&mut live, batch, at, &HashSet::new(), &mut Vec::new())?;
+    if !st.exists {
+        return Ok(vec![false; batch.num_rows()]);
     }
-    Ok(live)
+    let removed = st.eq_removed_rows(batch, at, None, &mut Vec::new())?;
+    Ok(st.live(&removed, at))
 }
 
-/// The live masks of one batch (at `at` in the file) before and after. The keys of each column group are encoded
-/// once for both; when every delete before is also one after (deletes only added, the common case), the rows live
-/// before are tried against the deletes added alone.
-pub(super) fn live_masks(before: &StateDeletes, after: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<(Vec<bool>, Vec<bool>)> {
-    let mut keys = Vec::new();
-    let mut lb = vec![before.exists; batch.num_rows()];
-    if before.exists {
-        before.clear_deleted(&mut lb, batch, at, &HashSet::new(), &mut keys)?;
-    }
-    let (mut la, known) = if before.exists && after.exists && before.within(after) {
-        (lb.clone(), before.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect())
+/// The masks of one batch in both states of its file.
+pub(super) struct Masks {
+    /// Live before.
+    pub(super) before: Vec<bool>,
+    /// Live after.
+    pub(super) after: Vec<bool>,
+    /// Removed by the equality deletes of the state after ([`dead::Found`] keeps them for the next poll).
+    pub(super) eq_removed_after: Vec<bool>,
+}
+
+/// The masks of one batch (at `at` in the file) before and after. The keys of each column group are encoded once
+/// for both; when every equality delete before is also one after (deletes only added, the common case), the rows
+/// the state before removes — kept from the last poll ([`dead`]) or looked up — are the start of the state after's,
+/// and only the rows left are tried against the deletes added.
+pub(super) fn live_masks(before: &StateDeletes, after: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Masks> {
+    let (mut keys, n) = (Vec::new(), batch.num_rows());
+    let eb = if before.exists { before.eq_removed_rows(batch, at, None, &mut keys)? } else { vec![false; n] };
+    let ea = if !after.exists {
+        vec![false; n]
+    } else if before.exists && before.eq_within(after) {
+        let known = before.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect();
+        after.eq_removed_rows(batch, at, Some((&eb, &known)), &mut keys)?
     } else {
-        (vec![after.exists; batch.num_rows()], HashSet::new())
+        after.eq_removed_rows(batch, at, None, &mut keys)?
     };
-    if after.exists {
-        after.clear_deleted(&mut la, batch, at, &known, &mut keys)?;
-    }
-    Ok((lb, la))
+    Ok(Masks { before: before.live(&eb, at), after: after.live(&ea, at), eq_removed_after: ea })
 }
 
 /// Whether the equality deletes that differ between the two states of a job's file hold few enough keys (at most
@@ -246,7 +262,7 @@ mod tests {
 
     /// Equality deletes on `field_ids` of the rows with these ids (and names, when the name is compared).
     fn eq_deletes(schema: &SchemaRef, field_ids: Vec<i32>, rows: &[(i64, &str)]) -> Arc<EqDeletes> {
-        let mut e = EqDeletes { field_ids, keys: Default::default() };
+        let mut e = EqDeletes { field_ids, keys: Default::default(), id: rand_id() };
         let (conv, idx) = e.converter(schema).unwrap();
         let batch = RecordBatch::try_new(
             schema.clone(),
@@ -261,11 +277,22 @@ mod tests {
     }
 
     fn state(schema: &SchemaRef, exists: bool, positions: &[u64], eq: &[&Arc<EqDeletes>]) -> StateDeletes {
-        let mut st = StateDeletes { exists, positions: positions.iter().copied().collect(), eq: Vec::new() };
+        let mut st = StateDeletes { exists, positions: positions.iter().copied().collect(), ..Default::default() };
         for e in eq {
             st.add_eq((*e).clone(), schema).unwrap();
         }
         st
+    }
+
+    fn rand_id() -> u128 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        crate::source::reader::hash128(&NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The masks of both states at once, as a pair.
+    fn both(before: &StateDeletes, after: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> (Vec<bool>, Vec<bool>) {
+        let m = live_masks(before, after, batch, at).unwrap();
+        (m.before, m.after)
     }
 
     /// Both masks at once are each state's mask on its own, whether the state after holds every delete of the one
@@ -292,13 +319,73 @@ mod tests {
             for (j, after) in states.iter().enumerate() {
                 for at in [At::From(0), At::From(5)] {
                     let alone = (live_mask(before, &batch, at).unwrap(), live_mask(after, &batch, at).unwrap());
-                    assert_eq!(live_masks(before, after, &batch, at).unwrap(), alone, "states {i} → {j}");
+                    assert_eq!(both(before, after, &batch, at), alone, "states {i} → {j}");
                 }
             }
         }
         let live = live_mask(&states[2], &batch, At::From(0)).unwrap();
         let dead: Vec<usize> = live.iter().enumerate().filter(|(_, l)| !**l).map(|(i, _)| i).collect();
         assert_eq!(dead, [0, 1, 2, 3, 4, 5, 7, 8, 20, 21, 30]);
-        assert!(states[1].within(&states[2]) && !states[2].within(&states[1]) && !states[1].within(&states[3]));
+        assert!(states[1].eq_within(&states[2]) && !states[2].eq_within(&states[1]) && !states[1].eq_within(&states[3]));
+    }
+
+    /// Random histories of one file, state after state as polls see them, the rows each state's equality deletes
+    /// remove carried from one pass to the next (as [`super::super::dead`] keeps them): every mask is the one found
+    /// without them, and what is carried is exactly what the state's deletes remove, position deletes or not.
+    #[test]
+    fn masks_from_the_rows_kept_of_the_last_pass_are_the_masks_looked_up() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![field("id", DataType::Int64, 1), field("name", DataType::Utf8, 2)]));
+        let n = 300i64;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..n)), Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("n{}", i % 5))))],
+        )
+        .unwrap();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for history in 0..40 {
+            let mut sets: Vec<Arc<EqDeletes>> = Vec::new();
+            let mut positions: Vec<u64> = Vec::new();
+            let mut kept: Option<Arc<RoaringTreemap>> = None;
+            let mut before = state(&schema, true, &[], &[]);
+            let at = At::From(next(3) * 100);
+            for step in 0..12 {
+                // mostly deletes added (an upsert stream); sometimes one dropped (a rewritten history), sometimes a
+                // position delete added or dropped
+                match next(10) {
+                    0 if !sets.is_empty() => {
+                        sets.remove(next(sets.len() as u64) as usize);
+                    }
+                    1 => positions.push(next(n as u64)),
+                    2 => {
+                        positions.pop();
+                    }
+                    _ => {
+                        let keys: Vec<(i64, String)> = (0..next(6)).map(|_| (next(n as u64 + 20) as i64, format!("n{}", next(6)))).collect();
+                        let rows: Vec<(i64, &str)> = keys.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                        let ids = if next(4) == 0 { vec![1, 2] } else { vec![1] };
+                        sets.push(eq_deletes(&schema, ids, &rows));
+                    }
+                }
+                let after = state(&schema, next(12) != 0, &positions, &sets.iter().collect::<Vec<_>>());
+                let looked_up = both(&before, &after, &batch, at);
+                before.eq_removed = kept.clone();
+                let m = live_masks(&before, &after, &batch, at).unwrap();
+                assert_eq!((m.before.clone(), m.after.clone()), looked_up, "history {history}, step {step}");
+                // what is kept is what the deletes after remove, looked up row by row on their own
+                let alone = state(&schema, true, &[], &sets.iter().collect::<Vec<_>>());
+                let removed: Vec<bool> = live_mask(&alone, &batch, at).unwrap().iter().map(|l| !l).collect();
+                if after.exists {
+                    assert_eq!(m.eq_removed_after, removed, "history {history}, step {step}");
+                }
+                kept = after.exists.then(|| Arc::new(removed.iter().enumerate().filter(|(_, r)| **r).map(|(i, _)| at.position(i)).collect()));
+                before = after;
+            }
+        }
     }
 }
