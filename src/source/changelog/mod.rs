@@ -212,7 +212,8 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 pub struct DeleteCache {
     pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>>>,
     dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>>>,
-    eq: Mutex<HashMap<(String, i32), Arc<EqDeletes>>>,
+    /// By path: the keys as encoded with each schema id's types.
+    eq: Mutex<HashMap<String, Vec<(i32, Arc<EqDeletes>)>>>,
 }
 
 impl DeleteCache {
@@ -220,7 +221,7 @@ impl DeleteCache {
     fn retain(&self, live: &HashSet<&str>) {
         self.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.as_str()));
         self.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.0.as_str()));
-        self.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.0.as_str()));
+        self.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|k, _| live.contains(k.as_str()));
     }
 }
 
@@ -239,6 +240,8 @@ struct StateDeletes {
 /// Equality-delete files that compare the same columns (their positions in the reading schema), with the row
 /// converter that encodes those columns, built once per file.
 struct EqGroup {
+    /// The field ids compared, as the delete files list them.
+    field_ids: Vec<i32>,
     idx: Vec<usize>,
     conv: RowConverter,
     sets: Vec<Arc<EqDeletes>>,
@@ -480,11 +483,20 @@ impl FileJob {
     }
 }
 
-/// Every delete file of `a` is also in `b` (same file, same blob).
+/// Every delete file of `a` is also in `b` (same file, same blob). A delete file in both states of a snapshot is
+/// one entry of its plan, so most are found by pointer, without hashing paths (an upsert stream's files each have a
+/// delete per later commit).
 fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
-    let id = |f: &Arc<FileEntry>| (f.path().to_string(), f.file.content_offset());
-    let b: std::collections::HashSet<_> = b.iter().map(id).collect();
-    a.iter().all(|f| b.contains(&id(f)))
+    let entries: HashSet<*const FileEntry> = b.iter().map(Arc::as_ptr).collect();
+    let mut rest = a.iter().filter(|f| !entries.contains(&Arc::as_ptr(f))).peekable();
+    if rest.peek().is_none() {
+        return true;
+    }
+    fn id(f: &Arc<FileEntry>) -> (&str, Option<i64>) {
+        (f.path(), f.file.content_offset())
+    }
+    let ids: HashSet<_> = b.iter().map(id).collect();
+    rest.all(|f| ids.contains(&id(f)))
 }
 
 /// Rows one file lost or gained, with their whole-row fingerprints when the read asked for them.
@@ -938,6 +950,29 @@ mod tests {
         let scan = (named(&fix) << 20) / 4 * 3;
         assert_eq!(group_fits(rows(n, n), share_of(scan, CARRY_SHARE), &opts(scan, named(&fix) << 20)), Ok(()));
         assert!(named(&fix) > mib, "{fix}");
+    }
+
+    /// Delete files are the same by entry (pointer) or by path and blob offset; a DV's other blob is another file.
+    #[test]
+    fn delete_sets_compare_by_entry_then_by_path_and_blob() {
+        let delete = |path: &str, offset: Option<i64>| {
+            let mut b = iceberg::spec::DataFileBuilder::default();
+            b.content(DataContentType::PositionDeletes)
+                .file_path(path.to_string())
+                .file_format(iceberg::spec::DataFileFormat::Puffin)
+                .record_count(1)
+                .file_size_in_bytes(10)
+                .content_offset(offset)
+                .content_size_in_bytes(offset.map(|_| 5));
+            Arc::new(FileEntry { file: b.build().unwrap(), seq: 2, spec_id: 0, unpartitioned: true, first_row_id: None })
+        };
+        let (a, b, dv) = (delete("a", None), delete("b", None), delete("dv", Some(4)));
+        let (a_again, dv_other_blob) = (delete("a", None), delete("dv", Some(40)));
+        assert!(is_subset(&[a.clone()], &[b.clone(), a.clone()]));
+        assert!(is_subset(&[], &[a.clone()]));
+        assert!(is_subset(&[a_again, dv.clone()], &[a.clone(), b.clone(), delete("dv", Some(4))]), "another entry of the same file");
+        assert!(!is_subset(&[a.clone(), b.clone()], &[a.clone()]));
+        assert!(!is_subset(&[dv_other_blob], &[dv.clone()]), "another blob of the same Puffin file");
     }
 
     fn opts(memory_budget: u64, configured_budget: u64) -> ScanOptions {

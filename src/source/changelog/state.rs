@@ -52,13 +52,16 @@ pub(super) async fn load_state(
             }
             DataContentType::EqualityDeletes => {
                 // keys are encoded with the reading schema's types
-                let key = (d.path().to_string(), schema_id);
-                let cached = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
+                let cached = {
+                    let eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    eq.get(d.path()).and_then(|by_schema| by_schema.iter().find(|(id, _)| *id == schema_id).map(|(_, e)| e.clone()))
+                };
                 let e = match cached {
                     Some(e) => e,
                     None => {
                         let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
-                        cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, e.clone());
+                        let mut eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        eq.entry(d.path().to_string()).or_default().push((schema_id, e.clone()));
                         e
                     }
                 };
@@ -91,12 +94,12 @@ impl At<'_> {
 impl StateDeletes {
     /// Adds equality deletes `e`, compared on the columns of `schema`, to the group comparing the same columns.
     pub(super) fn add_eq(&mut self, e: Arc<EqDeletes>, schema: &SchemaRef) -> Result<()> {
-        let idx = e.columns(schema)?;
-        match self.eq.iter_mut().find(|g| g.idx == idx) {
+        match self.eq.iter_mut().find(|g| g.field_ids == e.field_ids) {
             Some(g) => g.sets.push(e),
             None => {
+                let idx = e.columns(schema)?;
                 let conv = reader::key_converter(schema, &idx)?;
-                self.eq.push(EqGroup { idx, conv, sets: vec![e] });
+                self.eq.push(EqGroup { field_ids: e.field_ids.clone(), idx, conv, sets: vec![e] });
             }
         }
         Ok(())
@@ -218,7 +221,16 @@ pub(super) fn positional_change(job: &FileJob, before: &StateDeletes, after: &St
     if !(before.exists && after.exists) {
         return None;
     }
-    (equality_deletes(&job.before.1) == equality_deletes(&job.after.1)).then(|| &before.positions ^ &after.positions)
+    same_equality_deletes(&job.before.1, &job.after.1).then(|| &before.positions ^ &after.positions)
+}
+
+/// Whether `a` and `b` hold the same equality-delete files.
+fn same_equality_deletes(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
+    let eq = |v: &[Arc<FileEntry>]| -> Vec<Arc<FileEntry>> {
+        v.iter().filter(|d| d.file.content_type() == DataContentType::EqualityDeletes).cloned().collect()
+    };
+    let (a, b) = (eq(a), eq(b));
+    a.len() == b.len() && is_subset(&a, &b)
 }
 
 /// The deletes that apply to one data file at a snapshot, read and ready to mask its rows: how a writer that deletes
