@@ -210,10 +210,10 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 /// never leaves one half-written: a poisoned lock is taken over, not propagated.
 #[derive(Default)]
 pub struct DeleteCache {
-    pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>>>,
-    dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>>>,
-    /// By path: the keys as encoded with each schema id's types.
-    eq: Mutex<HashMap<String, Vec<(i32, Arc<EqDeletes>)>>>,
+    pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>, ahash::RandomState>>,
+    dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>, ahash::RandomState>>,
+    /// By path: the keys as encoded with each schema id's types. (ahash: looked up per data file and delete file.)
+    eq: Mutex<HashMap<String, Vec<(i32, Arc<EqDeletes>)>, ahash::RandomState>>,
 }
 
 impl DeleteCache {
@@ -484,9 +484,13 @@ impl FileJob {
 }
 
 /// Every delete file of `a` is also in `b` (same file, same blob). A delete file in both states of a snapshot is
-/// one entry of its plan, so most are found by pointer, without hashing paths (an upsert stream's files each have a
-/// delete per later commit).
+/// one entry of its plan, listed in the same order in both, so `a` is usually a subsequence of `b` by pointer: a walk,
+/// without hashing (an upsert stream's files each have a delete per later commit, and this runs per file and poll).
+/// Otherwise entries are looked up by pointer, then by path.
 fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
+    if subsequence(a, b) {
+        return true;
+    }
     let entries: HashSet<*const FileEntry> = b.iter().map(Arc::as_ptr).collect();
     let mut rest = a.iter().filter(|f| !entries.contains(&Arc::as_ptr(f))).peekable();
     if rest.peek().is_none() {
@@ -497,6 +501,12 @@ fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
     }
     let ids: HashSet<_> = b.iter().map(id).collect();
     rest.all(|f| ids.contains(&id(f)))
+}
+
+/// Whether the items of `a` appear in `b` in the same order (the same allocations, compared by pointer).
+fn subsequence<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+    let mut rest = b.iter();
+    a.iter().all(|x| rest.any(|y| Arc::ptr_eq(x, y)))
 }
 
 /// Rows one file lost or gained, with their whole-row fingerprints when the read asked for them.

@@ -105,34 +105,58 @@ impl StateDeletes {
         Ok(())
     }
 
-    /// Whether every equality delete of `self` is one of `other`'s (by identity): then a row they remove in `self`
-    /// is removed in `other`.
-    fn eq_within(&self, other: &StateDeletes) -> bool {
-        let theirs: HashSet<*const EqDeletes> = other.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect();
-        self.eq.iter().all(|g| g.sets.iter().all(|e| theirs.contains(&Arc::as_ptr(e))))
+    /// Per column group of `self`, its equality-delete files that `before` does not have — or `None` when `before`
+    /// has one that `self` does not (then a row removed before need not be removed in `self`). Files are compared
+    /// by identity: walked in order (states of one plan list their files alike), else looked up.
+    fn eq_added_since<'s>(&'s self, before: &StateDeletes) -> Option<Vec<Vec<&'s EqDeletes>>> {
+        let mut matched = 0;
+        let mut added = Vec::with_capacity(self.eq.len());
+        for g in &self.eq {
+            let theirs = before.eq.iter().find(|b| b.field_ids == g.field_ids).map_or(&[][..], |b| &b.sets[..]);
+            matched += theirs.len();
+            if super::subsequence(theirs, &g.sets) {
+                // the walk again, keeping what it skips
+                let mut rest = theirs.iter().peekable();
+                let mut mine = Vec::new();
+                for e in &g.sets {
+                    if rest.next_if(|t| Arc::ptr_eq(t, e)).is_none() {
+                        mine.push(e.as_ref());
+                    }
+                }
+                added.push(mine);
+            } else {
+                let known: HashSet<*const EqDeletes> = theirs.iter().map(Arc::as_ptr).collect();
+                let mine: HashSet<*const EqDeletes> = g.sets.iter().map(Arc::as_ptr).collect();
+                if !known.iter().all(|k| mine.contains(k)) {
+                    return None;
+                }
+                added.push(g.sets.iter().filter(|e| !known.contains(&Arc::as_ptr(e))).map(|e| e.as_ref()).collect());
+            }
+        }
+        // a group of `before` that `self` lacks
+        (matched == before.eq.iter().map(|g| g.sets.len()).sum::<usize>()).then_some(added)
     }
 
     /// The rows of `batch` (at `at` in the file) these equality deletes remove: from [`StateDeletes::eq_removed`]
-    /// when known, else looked up. `base`: rows already known removed by a subset of these deletes (`known`, by
-    /// identity), so that only the others are tried against the rows left. `keys` holds each column group's encoded
-    /// rows of the batch, encoded once and shared by both states.
+    /// when known, else looked up. `base`: rows already known removed by the others of these deletes, and per
+    /// column group the deletes left to try ([`StateDeletes::eq_added_since`]), tried against the rows left. `keys`
+    /// holds each column group's encoded rows of the batch, encoded once and shared by both states.
     fn eq_removed_rows(
         &self,
         batch: &RecordBatch,
         at: At<'_>,
-        base: Option<(&[bool], &HashSet<*const EqDeletes>)>,
+        base: Option<(&[bool], &[Vec<&EqDeletes>])>,
         keys: &mut Vec<(Vec<usize>, arrow_row::Rows)>,
     ) -> Result<Vec<bool>> {
         if let Some(removed) = &self.eq_removed {
             return Ok((0..batch.num_rows()).map(|i| removed.contains(at.position(i))).collect());
         }
-        let none = HashSet::new();
-        let (mut removed, known) = match base {
-            Some((rows, known)) => (rows.to_vec(), known),
-            None => (vec![false; batch.num_rows()], &none),
-        };
-        for group in &self.eq {
-            let sets: Vec<&EqDeletes> = group.sets.iter().filter(|e| !known.contains(&Arc::as_ptr(e))).map(|e| e.as_ref()).collect();
+        let mut removed = base.map_or_else(|| vec![false; batch.num_rows()], |(rows, _)| rows.to_vec());
+        for (n, group) in self.eq.iter().enumerate() {
+            let sets: Vec<&EqDeletes> = match base {
+                Some((_, added)) => added[n].clone(),
+                None => group.sets.iter().map(|e| e.as_ref()).collect(),
+            };
             if sets.is_empty() || !removed.contains(&false) {
                 continue;
             }
@@ -185,13 +209,11 @@ pub(super) struct Masks {
 pub(super) fn live_masks(before: &StateDeletes, after: &StateDeletes, batch: &RecordBatch, at: At<'_>) -> Result<Masks> {
     let (mut keys, n) = (Vec::new(), batch.num_rows());
     let eb = if before.exists { before.eq_removed_rows(batch, at, None, &mut keys)? } else { vec![false; n] };
-    let ea = if !after.exists {
-        vec![false; n]
-    } else if before.exists && before.eq_within(after) {
-        let known = before.eq.iter().flat_map(|g| g.sets.iter().map(Arc::as_ptr)).collect();
-        after.eq_removed_rows(batch, at, Some((&eb, &known)), &mut keys)?
-    } else {
-        after.eq_removed_rows(batch, at, None, &mut keys)?
+    let added = if before.exists && after.exists { after.eq_added_since(before) } else { None };
+    let ea = match added {
+        _ if !after.exists => vec![false; n],
+        Some(added) => after.eq_removed_rows(batch, at, Some((&eb, &added)), &mut keys)?,
+        None => after.eq_removed_rows(batch, at, None, &mut keys)?,
     };
     Ok(Masks { before: before.live(&eb, at), after: after.live(&ea, at), eq_removed_after: ea })
 }
@@ -338,7 +360,13 @@ mod tests {
         let live = live_mask(&states[2], &batch, At::From(0)).unwrap();
         let dead: Vec<usize> = live.iter().enumerate().filter(|(_, l)| !**l).map(|(i, _)| i).collect();
         assert_eq!(dead, [0, 1, 2, 3, 4, 5, 7, 8, 20, 21, 30]);
-        assert!(states[1].eq_within(&states[2]) && !states[2].eq_within(&states[1]) && !states[1].eq_within(&states[3]));
+        let added = |a: &StateDeletes, b: &StateDeletes| b.eq_added_since(a).map(|gs| gs.iter().map(Vec::len).collect::<Vec<_>>());
+        assert_eq!(added(&states[1], &states[2]), Some(vec![1, 1]), "b added to a's group, by_both a group of its own");
+        assert_eq!(added(&states[2], &states[1]), None);
+        assert_eq!(added(&states[1], &states[3]), None);
+        assert_eq!(added(&states[0], &states[3]), Some(vec![2]));
+        // listed in another order: looked up
+        assert_eq!(added(&states[3], &state(&schema, true, &[], &[&c, &a, &b])), Some(vec![1]));
     }
 
     /// Random histories of one file, state after state as polls see them, the rows each state's equality deletes
