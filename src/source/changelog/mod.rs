@@ -203,17 +203,21 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
     Ok(Arc::new(arrow_schema::Schema::new_with_metadata(fields, arrow.metadata().clone())))
 }
 
-/// Deletes read once and shared by every snapshot that still has them.
+/// Delete files by path (ahash: looked up once per data file and delete file that applies to it).
+type ByPath<T> = HashMap<String, T, ahash::RandomState>;
+/// An equality-delete file's keys, encoded with the types of each schema id that read it.
+type BySchema = Vec<(i32, Arc<EqDeletes>)>;
+
 /// Delete files already read (position deletes, deletion vectors, equality-delete keys), shared by every snapshot
 /// that still references them. Bounded: each scanned snapshot drops what it no longer references. A service loop
 /// keeps one across polls ([`ChangelogScan::with_cache`]). Entries are immutable once inserted, so a panic elsewhere
 /// never leaves one half-written: a poisoned lock is taken over, not propagated.
 #[derive(Default)]
 pub struct DeleteCache {
-    pos: Mutex<HashMap<String, Arc<HashMap<String, RoaringTreemap>>, ahash::RandomState>>,
+    pos: Mutex<ByPath<Arc<HashMap<String, RoaringTreemap>>>>,
     dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>, ahash::RandomState>>,
-    /// By path: the keys as encoded with each schema id's types. (ahash: looked up per data file and delete file.)
-    eq: Mutex<HashMap<String, Vec<(i32, Arc<EqDeletes>)>, ahash::RandomState>>,
+    /// By path: the keys as encoded with each schema id's types.
+    eq: Mutex<ByPath<BySchema>>,
 }
 
 impl DeleteCache {
@@ -978,11 +982,11 @@ mod tests {
         };
         let (a, b, dv) = (delete("a", None), delete("b", None), delete("dv", Some(4)));
         let (a_again, dv_other_blob) = (delete("a", None), delete("dv", Some(40)));
-        assert!(is_subset(&[a.clone()], &[b.clone(), a.clone()]));
-        assert!(is_subset(&[], &[a.clone()]));
+        assert!(is_subset(std::slice::from_ref(&a), &[b.clone(), a.clone()]));
+        assert!(is_subset(&[], std::slice::from_ref(&a)));
         assert!(is_subset(&[a_again, dv.clone()], &[a.clone(), b.clone(), delete("dv", Some(4))]), "another entry of the same file");
-        assert!(!is_subset(&[a.clone(), b.clone()], &[a.clone()]));
-        assert!(!is_subset(&[dv_other_blob], &[dv.clone()]), "another blob of the same Puffin file");
+        assert!(!is_subset(&[a.clone(), b.clone()], std::slice::from_ref(&a)));
+        assert!(!is_subset(&[dv_other_blob], std::slice::from_ref(&dv)), "another blob of the same Puffin file");
     }
 
     fn opts(memory_budget: u64, configured_budget: u64) -> ScanOptions {
