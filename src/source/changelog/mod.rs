@@ -487,24 +487,29 @@ impl FileJob {
     }
 }
 
-/// Every delete file of `a` is also in `b` (same file, same blob). A delete file in both states of a snapshot is
-/// one entry of its plan, listed in the same order in both, so `a` is usually a subsequence of `b` by pointer: a walk,
-/// without hashing (an upsert stream's files each have a delete per later commit, and this runs per file and poll).
-/// Otherwise entries are looked up by pointer, then by path.
+/// Every delete file of `a` is also in `b` (same file, same blob). This runs per data file and poll, and an upsert
+/// stream's files each have a delete per later commit, so it avoids hashing: a delete file in both states of a
+/// snapshot is one entry of its plan, listed in the same order in both, so `a`'s entries are found walking `b` once
+/// by pointer. The few that are not (a delete added or dropped, the usual reason to ask) are looked for in all of
+/// `b`, by pointer or path; more than a few (another order) are looked up in sets.
 fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
-    if subsequence(a, b) {
-        return true;
-    }
-    let entries: HashSet<*const FileEntry> = b.iter().map(Arc::as_ptr).collect();
-    let mut rest = a.iter().filter(|f| !entries.contains(&Arc::as_ptr(f))).peekable();
-    if rest.peek().is_none() {
-        return true;
-    }
+    const FEW: usize = 8;
     fn id(f: &Arc<FileEntry>) -> (&str, Option<i64>) {
         (f.path(), f.file.content_offset())
     }
-    let ids: HashSet<_> = b.iter().map(id).collect();
-    rest.all(|f| ids.contains(&id(f)))
+    let (mut at, mut missed) = (0, Vec::new());
+    for x in a {
+        match b[at..].iter().position(|y| Arc::ptr_eq(x, y)) {
+            Some(i) => at += i + 1,
+            None if missed.len() < FEW => missed.push(x),
+            None => {
+                let entries: HashSet<*const FileEntry> = b.iter().map(Arc::as_ptr).collect();
+                let ids: HashSet<_> = b.iter().map(id).collect();
+                return a.iter().all(|f| entries.contains(&Arc::as_ptr(f)) || ids.contains(&id(f)));
+            }
+        }
+    }
+    missed.iter().all(|x| b.iter().any(|y| id(x) == id(y)))
 }
 
 /// Whether the items of `a` appear in `b` in the same order (the same allocations, compared by pointer).
@@ -987,6 +992,13 @@ mod tests {
         assert!(is_subset(&[a_again, dv.clone()], &[a.clone(), b.clone(), delete("dv", Some(4))]), "another entry of the same file");
         assert!(!is_subset(&[a.clone(), b.clone()], std::slice::from_ref(&a)));
         assert!(!is_subset(&[dv_other_blob], std::slice::from_ref(&dv)), "another blob of the same Puffin file");
+        // in another order, and more than a few: looked up in sets
+        let many: Vec<_> = (0..20).map(|i| delete(&format!("m{i}"), None)).collect();
+        let reversed: Vec<_> = many.iter().rev().cloned().collect();
+        assert!(is_subset(&reversed, &many) && is_subset(&many[..3], &reversed));
+        let mut one_more = reversed.clone();
+        one_more.push(delete("m20", None));
+        assert!(!is_subset(&one_more, &many));
     }
 
     fn opts(memory_budget: u64, configured_budget: u64) -> ScanOptions {
