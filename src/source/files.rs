@@ -68,6 +68,22 @@ pub struct SnapshotFiles {
     pub manifests_read: usize,
 }
 
+impl SnapshotFiles {
+    /// The delete files of each state that apply to `f` (before, after), in plan order. The deletes both states
+    /// list last — the same entries, those older than the snapshot — are tried once for both: in an upsert stream
+    /// that is a delete per later commit, for each file a snapshot touches.
+    pub fn deletes_applying(&self, f: &FileEntry) -> (Vec<Arc<FileEntry>>, Vec<Arc<FileEntry>>) {
+        let (b, a) = (&self.deletes_before, &self.deletes_after);
+        let shared = b.iter().rev().zip(a.iter().rev()).take_while(|(x, y)| Arc::ptr_eq(x, y)).count();
+        let pick = |v: &[Arc<FileEntry>]| -> Vec<Arc<FileEntry>> { v.iter().filter(|d| delete_applies(d, f)).cloned().collect() };
+        let tail = pick(&b[b.len() - shared..]);
+        let (mut before, mut after) = (pick(&b[..b.len() - shared]), pick(&a[..a.len() - shared]));
+        before.extend(tail.iter().cloned());
+        after.extend(tail);
+        (before, after)
+    }
+}
+
 /// Every file of `snapshot`: all its manifests read (a compaction, a bootstrap copy, a target's position lookups).
 pub async fn plan(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
     let list = manifest_list(table, snapshot).await?;
@@ -452,6 +468,53 @@ mod tests {
             b.equality_ids(Some(vec![1]));
         }
         b.build().unwrap()
+    }
+
+    /// The deletes applying to a file are those of each state filtered one by one, in the same order, whether the
+    /// states share their last entries or not.
+    #[test]
+    fn deletes_applying_are_each_state_filtered() {
+        let eq = |lo: i64, hi: i64, seq: i64| {
+            let mut b = DataFileBuilder::default();
+            b.content(DataContentType::EqualityDeletes)
+                .file_path(format!("d-{lo}-{hi}-{seq}.parquet"))
+                .file_format(DataFileFormat::Parquet)
+                .record_count(1)
+                .file_size_in_bytes(10)
+                .lower_bounds(HashMap::from([(1, Datum::long(lo))]))
+                .upper_bounds(HashMap::from([(1, Datum::long(hi))]))
+                .null_value_counts(HashMap::from([(1, 0)]))
+                .equality_ids(Some(vec![1]));
+            let f = b.build().unwrap();
+            Arc::new(FileEntry { file: f, seq, spec_id: 0, unpartitioned: true, first_row_id: None })
+        };
+        let data = FileEntry {
+            file: file(DataContentType::Data, Datum::long(10), Datum::long(20), Some(0)),
+            seq: 3,
+            spec_id: 0,
+            unpartitioned: true,
+            first_row_id: None,
+        };
+        let older: Vec<_> = [(0, 5, 4), (12, 13, 4), (15, 30, 2), (19, 40, 9), (21, 22, 9)].map(|(lo, hi, s)| eq(lo, hi, s)).to_vec();
+        let (removed, added) = (eq(11, 11, 5), eq(14, 14, 10));
+        let mut plan = SnapshotFiles {
+            deletes_before: std::iter::once(removed.clone()).chain(older.iter().cloned()).collect(),
+            deletes_after: std::iter::once(added.clone()).chain(older.iter().cloned()).collect(),
+            ..Default::default()
+        };
+        let one_by_one =
+            |v: &[Arc<FileEntry>]| -> Vec<String> { v.iter().filter(|d| delete_applies(d, &data)).map(|d| d.path().to_string()).collect() };
+        let paths = |v: Vec<Arc<FileEntry>>| -> Vec<String> { v.iter().map(|d| d.path().to_string()).collect() };
+        for shared_tail in [true, false] {
+            if !shared_tail {
+                // the same files as other entries: nothing shared, each state filtered on its own
+                plan.deletes_after = std::iter::once(added.clone()).chain(older.iter().map(|d| Arc::new((**d).clone()))).collect();
+            }
+            let (before, after) = plan.deletes_applying(&data);
+            assert_eq!(paths(before), one_by_one(&plan.deletes_before));
+            assert_eq!(paths(after), one_by_one(&plan.deletes_after));
+        }
+        assert_eq!(one_by_one(&plan.deletes_before), ["d-11-11-5.parquet", "d-12-13-4.parquet", "d-19-40-9.parquet"]);
     }
 
     #[test]

@@ -341,8 +341,7 @@ impl<'a> ChangelogScan<'a> {
         let jobs: Vec<FileJob> = touched
             .into_iter()
             .map(|f| {
-                let before: Vec<_> = plan.deletes_before.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
-                let after: Vec<_> = plan.deletes_after.iter().filter(|d| files::delete_applies(d, &f)).cloned().collect();
+                let (before, after) = plan.deletes_applying(&f);
                 let (in_before, in_after) = (plan.data_before.contains_key(f.path()), plan.data_after.contains_key(f.path()));
                 FileJob { file: f, before: (in_before, before), after: (in_after, after) }
             })

@@ -21,7 +21,20 @@ pub(super) async fn load_state(
     if !exists {
         return Ok(st);
     }
-    for d in deletes {
+    // equality-delete keys already read, looked up under one lock (there is one per later commit in an upsert stream)
+    let mut eq_cached: Vec<Option<Arc<EqDeletes>>> = {
+        let eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        deletes
+            .iter()
+            .map(|d| {
+                if d.file.content_type() != DataContentType::EqualityDeletes {
+                    return None;
+                }
+                eq.get(d.path())?.iter().find(|(id, _)| *id == schema_id).map(|(_, e)| e.clone())
+            })
+            .collect()
+    };
+    for (d, cached) in deletes.iter().zip(eq_cached.iter_mut()) {
         match d.file.content_type() {
             DataContentType::PositionDeletes if d.is_dv() => {
                 let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
@@ -52,11 +65,7 @@ pub(super) async fn load_state(
             }
             DataContentType::EqualityDeletes => {
                 // keys are encoded with the reading schema's types
-                let cached = {
-                    let eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    eq.get(d.path()).and_then(|by_schema| by_schema.iter().find(|(id, _)| *id == schema_id).map(|(_, e)| e.clone()))
-                };
-                let e = match cached {
+                let e = match cached.take() {
                     Some(e) => e,
                     None => {
                         let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
