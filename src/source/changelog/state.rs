@@ -5,7 +5,11 @@
 //! for both states, [`live_masks`]), not once per delete file. When every delete of the state before is also one of
 //! the state after (deletes were only added, as in an upsert stream), the rows live before are tried against the
 //! added deletes alone: a file that many upserts reached costs a lookup per delete file for its live rows once, not
-//! twice plus an encoding per delete file.
+//! twice plus an encoding per delete file. The rows the state before removes may come from the last poll's pass
+//! ([`super::dead`]); then no row is looked up in its deletes at all.
+//!
+//! Invariant: a state's `eq_removed`, when set, is exactly what its equality deletes remove (the masks are the same
+//! with and without it; a randomized test replays histories to check it).
 use super::*;
 
 pub(super) async fn load_state(
