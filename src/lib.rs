@@ -19,6 +19,8 @@ pub mod sink;
 pub(crate) mod source;
 pub mod spec;
 pub(crate) mod storage;
+#[cfg(test)]
+pub(crate) mod test_rng;
 
 pub use error::{Error, Result};
 

@@ -341,6 +341,7 @@ impl LiveSets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::Rng;
     use iceberg::spec::{DataFile, DataFileBuilder, DataFileFormat};
 
     /// A file entry: `bounds` of field 1 (lower, upper), its null count, sequence number `seq`.
@@ -371,17 +372,6 @@ mod tests {
             b.lower_bounds(HashMap::from([(id, Datum::string(lo))])).upper_bounds(HashMap::from([(id, Datum::string(hi))]));
         }
         Arc::new(FileEntry { file: b.build().unwrap(), seq, spec_id: 0, unpartitioned: true, first_row_id: None })
-    }
-
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-        }
     }
 
     /// Bounds of field 1 as a writer may leave them: longs mostly, now and then none, ints (a promoted column),

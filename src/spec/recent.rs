@@ -866,13 +866,8 @@ mod tests {
     /// compact history is trimmed as the same history with whitespace is.
     #[test]
     fn the_compact_reading_of_ids_agrees_with_the_member_walk() {
-        let mut rng = 0x0bad_cafe_dead_beefu64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut rng = crate::test_rng::Rng(0x0bad_cafe_dead_beef);
+        let mut next = |n: u64| rng.below(n);
         let mut answered = 0;
         for _ in 0..20_000 {
             let mut doc = String::from("{");

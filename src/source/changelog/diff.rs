@@ -7,6 +7,8 @@ pub(super) struct FileReads {
     pub(super) file_io: FileIO,
     pub(super) cache: Arc<DeleteCache>,
     pub(super) gate: reader::ReadGate,
+    /// The identity of the schema the files are read with ([`dead::read_as`]).
+    pub(super) read_as: u128,
 }
 
 /// What reading one data file cost.
@@ -36,7 +38,7 @@ pub(super) async fn diff_file(
     let mut found = None;
     for (st, after) in [(&mut sb, false), (&mut sa, true)] {
         if st.exists && !st.eq.is_empty() {
-            let set = dead::set_of(&schema, st);
+            let set = dead::set_of(shared.read_as, st);
             st.eq_removed = dead::get(f, set).await;
             if after && st.eq_removed.is_none() {
                 found = Some(dead::Found::new(set));

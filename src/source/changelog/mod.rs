@@ -511,12 +511,6 @@ fn is_subset(a: &[Arc<FileEntry>], b: &[Arc<FileEntry>]) -> bool {
     missed.iter().all(|x| b.iter().any(|y| id(x) == id(y)))
 }
 
-/// Whether the items of `a` appear in `b` in the same order (the same allocations, compared by pointer).
-fn subsequence<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
-    let mut rest = b.iter();
-    a.iter().all(|x| rest.any(|y| Arc::ptr_eq(x, y)))
-}
-
 /// Rows one file lost or gained, with their whole-row fingerprints when the read asked for them.
 struct FileRows {
     side: Side,
@@ -535,7 +529,12 @@ impl ChangelogScan<'_> {
         let (schema, schema_id, fingerprint, views) = (read.schema.clone(), read.schema_id, read.fingerprint, read.views);
         let concurrency = concurrency.max(1);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FileRows>>(concurrency * 2);
-        let shared = Arc::new(FileReads { file_io: self.table.file_io().clone(), cache: self.cache.clone(), gate: self.gate.clone() });
+        let shared = Arc::new(FileReads {
+            file_io: self.table.file_io().clone(),
+            cache: self.cache.clone(),
+            gate: self.gate.clone(),
+            read_as: dead::read_as(&schema),
+        });
         let tasks: Vec<_> = jobs
             .into_iter()
             .map(|job| {

@@ -127,15 +127,10 @@ impl StateDeletes {
         for g in &self.eq {
             let theirs = before.eq.iter().find(|b| b.field_ids == g.field_ids).map_or(&[][..], |b| &b.sets[..]);
             matched += theirs.len();
-            if super::subsequence(theirs, &g.sets) {
-                // the walk again, keeping what it skips
-                let mut rest = theirs.iter().peekable();
-                let mut mine = Vec::new();
-                for e in &g.sets {
-                    if rest.next_if(|t| Arc::ptr_eq(t, e)).is_none() {
-                        mine.push(e.as_ref());
-                    }
-                }
+            // one walk: `theirs` found in order (a subsequence), what it skips is added
+            let mut rest = theirs.iter().peekable();
+            let mine: Vec<&EqDeletes> = g.sets.iter().filter(|e| rest.next_if(|t| Arc::ptr_eq(t, e)).is_none()).map(|e| e.as_ref()).collect();
+            if rest.peek().is_none() {
                 added.push(mine);
             } else {
                 let known: HashSet<*const EqDeletes> = theirs.iter().map(Arc::as_ptr).collect();
@@ -394,13 +389,8 @@ mod tests {
             vec![Arc::new(Int64Array::from_iter_values(0..n)), Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("n{}", i % 5))))],
         )
         .unwrap();
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % m
-        };
+        let mut rng = crate::test_rng::Rng(0x2545_f491_4f6c_dd1d);
+        let mut next = |m: u64| rng.below(m);
         for history in 0..40 {
             let mut sets: Vec<Arc<EqDeletes>> = Vec::new();
             let mut positions: Vec<u64> = Vec::new();
