@@ -21,6 +21,8 @@
 //!   written by iceberg-rust, which lists snapshots in a hash map's order; `--appending-writer 1` rewrites the
 //!   replayed metadata files with snapshots in commit order, as Java and pyiceberg write them (each file's arrays
 //!   the previous file's and more).
+//!   `--repeat K` runs each build K times per history, alternating, and reports the median run and the range; the
+//!   floor line is iceberg-rust writing the same commits to a fresh table (this process's CPU).
 //!
 //! - Discovery (`--discover TABLES,NAMESPACES`): a sqlite catalog and a hadoop warehouse of TABLES empty tables in
 //!   NAMESPACES namespaces; per catalog the time and catalog calls of one listing (median of 5), then `cdc run` with
@@ -28,7 +30,7 @@
 //!   CPU and RSS over `--idle-seconds`, as the idle bench reports them for hand-listed pipelines.
 //!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --appending-writer 0 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --repeat 1 --appending-writer 0 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -311,7 +313,8 @@ async fn main() {
         let rate = arg("--rate", 4);
         let commits = arg("--commits", 100) as usize;
         let appending = arg("--appending-writer", 0) == 1;
-        history_bench(dir, &histories, rate, commits, appending, &builds_of(baseline.as_deref())).await;
+        let repeat = arg("--repeat", 1).max(1) as usize;
+        history_bench(dir, &histories, rate, commits, appending, repeat, &builds_of(baseline.as_deref())).await;
     }
 
     if let Some(d) = text_arg("--discover") {
@@ -406,51 +409,95 @@ fn builds_of(baseline: Option<&str>) -> Vec<(&'static str, String)> {
     std::iter::once(("this", CDC.to_string())).chain(baseline.map(|b| ("baseline", b.to_string()))).collect()
 }
 
+/// One service run of the history bench: CPU ms per target commit, target commits, service CPU %, sorted latencies.
+struct HistoryRun {
+    cpu_ms_per_commit: f64,
+    target_commits: usize,
+    cpu_percent: f64,
+    latencies: Vec<f64>,
+}
+
+/// Commits `commits` commits of the history bench's shape to `table` — 50 rows appended, every third commit also 5
+/// rows deleted by equality deletes (only once `deletes_from` commits are written) — and returns the metadata
+/// location after each.
+async fn write_history(
+    catalog: &Catalog,
+    table: &mut iceberg::table::Table,
+    (deletes_from, commits): (usize, usize),
+    next_id: &mut i64,
+) -> Vec<String> {
+    let mut locations = Vec::new();
+    for n in 0..commits {
+        let rows: Vec<(i64, &str, i128)> = (0..50).map(|i| (*next_id + i, "bench", i as i128)).collect();
+        *next_id += 50;
+        let deletes: Vec<i64> = if n >= deletes_from && n % 3 == 2 { (0..5).map(|i| *next_id - 100 + i * 7).collect() } else { Vec::new() };
+        let b = quickstart::orders_batch(table, &rows).unwrap();
+        let mut delta = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new()
+            .add_data_files(iceberg_cdc::sink::iceberg::files::write_data(table, &[b]).await.unwrap());
+        if !deletes.is_empty() {
+            let doomed: Vec<(i64, &str, i128)> = deletes.iter().map(|&id| (id, "", 0)).collect();
+            let d = quickstart::orders_batch(table, &doomed).unwrap();
+            delta = delta.add_delete_files(iceberg_cdc::sink::iceberg::files::write_equality_deletes(table, vec![1], &[d]).await.unwrap());
+        }
+        let c = delta.prepare(table).await.unwrap();
+        *table = catalog.commit(table, c.requirements, c.updates).await.unwrap();
+        locations.push(table.metadata_location().unwrap().to_string());
+    }
+    locations
+}
+
+/// CPU seconds (user + system) this process has used so far.
+fn own_cpu_seconds() -> f64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+/// A fresh sql-catalog table of the quickstart's schema under `wh`.
+async fn fresh_source(wh: &Path) -> (Catalog, iceberg::table::Table) {
+    let cfg =
+        Config::parse(&format!("[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n", quickstart::TABLE, wh.display()))
+            .unwrap();
+    std::fs::create_dir_all(wh).unwrap();
+    let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+    let schema = quickstart::demo_schema().unwrap();
+    let creation = iceberg::TableCreation::builder().name("orders".into()).schema(schema).build();
+    let table = catalog.create_table(quickstart::TABLE, creation).await.unwrap();
+    (catalog, table)
+}
+
 /// The cost of following a source by its history's length (see the module docs): a fresh source of `history`
 /// appends (one manifest each, never merged), then `commits` more — 50 rows appended, every third commit also 5
 /// rows deleted by equality deletes — all written up front; the catalog's pointer is then moved one commit forward
 /// `rate` times a second while a service (poll 250 ms) follows into a new target, so the writer costs the
-/// service's cores nothing. Reported per build: CPU per target commit, target commits, latency P50/P99.
-async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, appending: bool, builds: &[(&str, String)]) {
+/// service's cores nothing. Each build runs `repeat` times per history, the builds alternating (and the first of
+/// each round alternating) so that a slow spell of the machine falls on both; reported per build: the median run
+/// (CPU per target commit, with the range over runs), and per build the ratio of the longest history's median to
+/// the shortest's. The floor: the CPU this process spends writing the same `commits` commits to a fresh table with
+/// iceberg-rust (data file, delete file, manifest, manifest list, metadata) — what a target commit cannot go below.
+async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, appending: bool, repeat: usize, builds: &[(&str, String)]) {
     let order = if appending { "snapshots in commit order, as Java and pyiceberg write them" } else { "snapshots in iceberg-rust's hash-map order" };
+    let floor = {
+        let (catalog, mut table) = fresh_source(&dir.join("history-floor")).await;
+        let mut next_id = 0;
+        let c0 = own_cpu_seconds();
+        write_history(&catalog, &mut table, (0, commits), &mut next_id).await;
+        (own_cpu_seconds() - c0) * 1000.0 / commits as f64
+    };
     println!(
-        "### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted; {order})\n"
+        "### Following a source by its history's length (poll 250 ms, {commits} commits at {rate}/s: 50 rows appended, every third also 5 deleted; {order}; median of {repeat} runs per build, builds alternating)\n"
     );
-    println!("| history (snapshots) | build | target commits | CPU ms per target commit | service CPU % | latency P50 s | P99 s | max s |");
+    println!("| history (snapshots) | build | target commits | CPU ms per target commit (range) | service CPU % | latency P50 s | P99 s | max s |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    let mut medians: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
     for &history in histories {
         let root = dir.join(format!("history-{history}"));
         let wh = root.join("warehouse");
-        let cfg = Config::parse(&format!(
-            "[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n",
-            quickstart::TABLE,
-            wh.display()
-        ))
-        .unwrap();
-        std::fs::create_dir_all(&wh).unwrap();
-        let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
-        let schema = quickstart::demo_schema().unwrap();
-        let creation = iceberg::TableCreation::builder().name("orders".into()).schema(schema).build();
-        let mut table = catalog.create_table(quickstart::TABLE, creation).await.unwrap();
+        let (catalog, mut table) = fresh_source(&wh).await;
         let t0 = Instant::now();
-        let mut locations = Vec::new();
         let mut next_id = 0i64;
-        for n in 0..history + commits {
-            let rows: Vec<(i64, &str, i128)> = (0..50).map(|i| (next_id + i, "bench", i as i128)).collect();
-            next_id += 50;
-            let deletes: Vec<i64> = if n >= history && n % 3 == 2 { (0..5).map(|i| next_id - 100 + i * 7).collect() } else { Vec::new() };
-            let b = quickstart::orders_batch(&table, &rows).unwrap();
-            let mut delta = iceberg_cdc::sink::iceberg::rowdelta::RowDelta::new()
-                .add_data_files(iceberg_cdc::sink::iceberg::files::write_data(&table, &[b]).await.unwrap());
-            if !deletes.is_empty() {
-                let doomed: Vec<(i64, &str, i128)> = deletes.iter().map(|&id| (id, "", 0)).collect();
-                let d = quickstart::orders_batch(&table, &doomed).unwrap();
-                delta = delta.add_delete_files(iceberg_cdc::sink::iceberg::files::write_equality_deletes(&table, vec![1], &[d]).await.unwrap());
-            }
-            let c = delta.prepare(&table).await.unwrap();
-            table = catalog.commit(&table, c.requirements, c.updates).await.unwrap();
-            locations.push(table.metadata_location().unwrap().to_string());
-        }
+        let locations = write_history(&catalog, &mut table, (history, history + commits), &mut next_id).await;
         eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
         if appending {
             // as Java and pyiceberg write them: snapshots in commit order, each file's arrays the last file's and more
@@ -466,49 +513,75 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             db.execute("UPDATE iceberg_tables SET metadata_location = ?1 WHERE table_name = 'orders'", [loc]).unwrap();
         };
         let uuid = table.metadata().uuid().to_string();
-        for (label, cdc) in builds {
-            point(&locations[history - 1]);
-            let tw = root.join(format!("target-{label}"));
-            let cfg_path = root.join(format!("service-{label}.toml"));
-            let toml = service_toml(&wh, &tw, 1, 1).replace("poll_interval = \"1s\"", "poll_interval = \"250ms\"");
-            std::fs::write(&cfg_path, toml).unwrap();
-            let child = spawn(cdc, &cfg_path);
-            let start_head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
-            wait_caught_up(&tw, "replica.orders0", &uuid, start_head, Duration::from_secs(120), "the bootstrap").await;
-            let target_before = hadoop_table(&tw, "replica.orders0").await.unwrap().metadata().snapshots().count();
-            let pid = child.id();
-            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-            let (c0, w0) = (cpu_ticks(pid), Instant::now());
-            let mut visible = Vec::new();
-            for (i, loc) in locations[history..].iter().enumerate() {
-                point(loc);
-                visible.push(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64);
-                let due = Duration::from_secs_f64((i + 1) as f64 / rate as f64);
-                tokio::time::sleep(due.saturating_sub(w0.elapsed())).await;
+        let mut runs: Vec<Vec<HistoryRun>> = (0..builds.len()).map(|_| Vec::new()).collect();
+        for round in 0..repeat {
+            for k in 0..builds.len() {
+                let b = if round % 2 == 0 { k } else { builds.len() - 1 - k };
+                let (label, cdc) = &builds[b];
+                point(&locations[history - 1]);
+                let tw = root.join(format!("target-{label}-{round}"));
+                let cfg_path = root.join(format!("service-{label}-{round}.toml"));
+                let toml = service_toml(&wh, &tw, 1, 1).replace("poll_interval = \"1s\"", "poll_interval = \"250ms\"");
+                std::fs::write(&cfg_path, toml).unwrap();
+                let child = spawn(cdc, &cfg_path);
+                let start_head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
+                wait_caught_up(&tw, "replica.orders0", &uuid, start_head, Duration::from_secs(120), "the bootstrap").await;
+                let target_before = hadoop_table(&tw, "replica.orders0").await.unwrap().metadata().snapshots().count();
+                let pid = child.id();
+                let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+                let (c0, w0) = (cpu_ticks(pid), Instant::now());
+                let mut visible = Vec::new();
+                for (i, loc) in locations[history..].iter().enumerate() {
+                    point(loc);
+                    visible.push(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64);
+                    let due = Duration::from_secs_f64((i + 1) as f64 / rate as f64);
+                    tokio::time::sleep(due.saturating_sub(w0.elapsed())).await;
+                }
+                let head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
+                wait_caught_up(&tw, "replica.orders0", &uuid, head, Duration::from_secs(600), "the service").await;
+                let (c1, w1) = (cpu_ticks(pid), Instant::now());
+                stop(child);
+                let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
+                let target_commits = target.metadata().snapshots().count().saturating_sub(target_before).max(1);
+                let source = catalog.load_table(quickstart::TABLE).await.unwrap();
+                let lineage = iceberg_cdc::spec::lineage::main_lineage(source.metadata());
+                // from the moment the pointer moved (the snapshots were written up front)
+                let mut latencies = latencies_from(lineage.iter().skip(history).map(|s| s.sequence_number()).zip(visible), &target);
+                latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let cpu = (c1 - c0) as f64 / hz;
+                eprintln!("bench: history {history}, {label}, run {round}: {:.1} ms per target commit", cpu * 1000.0 / target_commits as f64);
+                runs[b].push(HistoryRun {
+                    cpu_ms_per_commit: cpu * 1000.0 / target_commits as f64,
+                    target_commits,
+                    cpu_percent: cpu / (w1 - w0).as_secs_f64() * 100.0,
+                    latencies,
+                });
             }
-            let head = catalog.load_table(quickstart::TABLE).await.unwrap().metadata().current_snapshot_id();
-            wait_caught_up(&tw, "replica.orders0", &uuid, head, Duration::from_secs(600), "the service").await;
-            let (c1, w1) = (cpu_ticks(pid), Instant::now());
-            stop(child);
-            let target = hadoop_table(&tw, "replica.orders0").await.unwrap();
-            let target_commits = target.metadata().snapshots().count().saturating_sub(target_before).max(1);
-            let source = catalog.load_table(quickstart::TABLE).await.unwrap();
-            let lineage = iceberg_cdc::spec::lineage::main_lineage(source.metadata());
-            // from the moment the pointer moved (the snapshots were written up front)
-            let mut lat = latencies_from(lineage.iter().skip(history).map(|s| s.sequence_number()).zip(visible), &target);
-            lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            let cpu = (c1 - c0) as f64 / hz;
+        }
+        for (b, (label, _)) in builds.iter().enumerate() {
+            let r = &mut runs[b];
+            r.sort_by(|x, y| x.cpu_ms_per_commit.partial_cmp(&y.cpu_ms_per_commit).unwrap());
+            let (lo, hi) = (r[0].cpu_ms_per_commit, r[r.len() - 1].cpu_ms_per_commit);
+            let m = &r[r.len() / 2];
+            medians[b].push(m.cpu_ms_per_commit);
             println!(
-                "| {history} | {label} | {target_commits} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
-                cpu * 1000.0 / target_commits as f64,
-                cpu / (w1 - w0).as_secs_f64() * 100.0,
-                percentile(&lat, 50.0),
-                percentile(&lat, 99.0),
-                lat.last().copied().unwrap_or(f64::NAN)
+                "| {history} | {label} | {} | {:.1} ({lo:.1}–{hi:.1}) | {:.1} | {:.2} | {:.2} | {:.2} |",
+                m.target_commits,
+                m.cpu_ms_per_commit,
+                m.cpu_percent,
+                percentile(&m.latencies, 50.0),
+                percentile(&m.latencies, 99.0),
+                m.latencies.last().copied().unwrap_or(f64::NAN)
             );
         }
     }
     println!();
+    for (b, (label, _)) in builds.iter().enumerate() {
+        if let (Some(first), Some(last)) = (medians[b].first(), medians[b].last()) {
+            println!("- {label}: {:.2}× from {} to {} snapshots (medians)", last / first, histories[0], histories[histories.len() - 1]);
+        }
+    }
+    println!("- floor: iceberg-rust writing the same {commits} commits to a fresh table costs {floor:.1} ms of CPU each (this process)\n");
 }
 
 /// The mixed run (see the module docs).

@@ -53,8 +53,19 @@ impl HadoopCatalog {
         p
     }
 
-    /// Highest committed version: the hint when present and valid, else the largest `vN.metadata.json`.
+    /// Highest committed version. With a hint naming a version that exists: that one and any a writer added after it
+    /// (it may have died between the metadata file and the hint), one `stat` each, as Iceberg Java finds it — a
+    /// listing would grow with the table's history. Without a usable hint: the largest `vN.metadata.json` listed (or
+    /// the hint, when it is larger).
     fn current_version(meta_dir: &Path) -> Option<u64> {
+        let version_file = |v: u64| meta_dir.join(format!("v{v}.metadata.json"));
+        let hint = std::fs::read_to_string(meta_dir.join(VERSION_HINT)).ok().and_then(|s| s.trim().parse::<u64>().ok());
+        if let Some(mut v) = hint.filter(|&h| version_file(h).is_file()) {
+            while version_file(v + 1).is_file() {
+                v += 1;
+            }
+            return Some(v);
+        }
         let from_files = std::fs::read_dir(meta_dir)
             .ok()?
             .filter_map(|e| e.ok())
@@ -63,8 +74,6 @@ impl HadoopCatalog {
                 n.strip_prefix('v')?.strip_suffix(".metadata.json")?.parse::<u64>().ok()
             })
             .max();
-        let hint = std::fs::read_to_string(meta_dir.join(VERSION_HINT)).ok().and_then(|s| s.trim().parse::<u64>().ok());
-        // A writer may have died between the metadata file and the hint: the files are the truth.
         match (hint, from_files) {
             (Some(h), Some(f)) => Some(h.max(f)),
             (h, f) => h.or(f),
@@ -102,6 +111,11 @@ impl HadoopCatalog {
         let text = std::fs::read(&path).map_err(|e| Error::data_from(path.display().to_string(), e))?;
         let metadata: TableMetadata = serde_json::from_slice(&text)
             .map_err(|e| Error::data(path.display().to_string(), format!("invalid table metadata: {e}")).with_cause(e))?;
+        self.table(ident, &path, metadata)
+    }
+
+    /// `ident` as of its metadata file `path` holding `metadata`.
+    fn table(&self, ident: &TableIdent, path: &Path, metadata: TableMetadata) -> Result<Table> {
         Ok(Table::builder()
             .identifier(ident.clone())
             .metadata(metadata)
@@ -125,7 +139,9 @@ impl HadoopCatalog {
         self.load_table(ident).await
     }
 
-    /// Applies `updates` when `requirements` hold, as metadata version N+1 (exactly one writer wins a version).
+    /// Applies `updates` when `requirements` hold, as metadata version N+1 (exactly one writer wins a version), and
+    /// returns the table as of that version: the metadata just written, not read back (a metadata file never changes
+    /// once linked, so reading it would only cost what grows with the table's history).
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         let current = table.metadata_location_result()?.to_string();
         let meta_dir = Path::new(&current).parent().map(Path::to_path_buf).unwrap_or_default();
@@ -136,7 +152,7 @@ impl HadoopCatalog {
             .ok_or_else(|| Error::Internal(format!("not a hadoop metadata file: {current}")))?;
         let new_meta = super::apply_updates(table.metadata(), &current, &requirements, updates)?;
         self.write_version(&meta_dir, version + 1, &new_meta)?;
-        self.load_table(table.identifier()).await
+        self.table(table.identifier(), &meta_dir.join(format!("v{}.metadata.json", version + 1)), new_meta)
     }
 
     fn write_version(&self, meta_dir: &Path, version: u64, metadata: &TableMetadata) -> Result<()> {
@@ -284,5 +300,57 @@ mod tests {
         // a table that is gone is gone
         std::fs::remove_dir_all(wh.path().join("ns")).unwrap();
         assert_eq!(catalog.metadata_location(&ident), None);
+    }
+
+    #[test]
+    fn the_version_is_the_hints_and_those_written_after_it_else_the_largest_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path();
+        let write = |v: u64| std::fs::write(meta.join(format!("v{v}.metadata.json")), "{}").unwrap();
+        let hint = |v: &str| std::fs::write(meta.join(VERSION_HINT), v).unwrap();
+        assert_eq!(HadoopCatalog::current_version(meta), None);
+        write(1);
+        write(2);
+        assert_eq!(HadoopCatalog::current_version(meta), Some(2), "no hint: the largest listed");
+        hint("1");
+        assert_eq!(HadoopCatalog::current_version(meta), Some(2), "a writer died before its hint: the versions after it count");
+        write(3);
+        hint("3");
+        assert_eq!(HadoopCatalog::current_version(meta), Some(3));
+        // the hint's own file must exist for the hint to be used: v7 is missing, so the files are listed
+        hint("7");
+        assert_eq!(HadoopCatalog::current_version(meta), Some(7), "as before: a hint beyond the files wins a listing");
+        hint("not a number");
+        assert_eq!(HadoopCatalog::current_version(meta), Some(3));
+        // past the hint, only consecutive versions are looked for (a gap means nobody committed there)
+        hint("2");
+        write(5);
+        assert_eq!(HadoopCatalog::current_version(meta), Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_commit_returns_the_version_it_wrote_as_a_load_reads_it() {
+        let wh = tempfile::tempdir().unwrap();
+        let catalog = HadoopCatalog::new(wh.path(), super::super::local_file_io());
+        let ident = TableIdent::from_strs(["ns", "t"]).unwrap();
+        let schema = iceberg::spec::Schema::builder()
+            .with_fields(vec![
+                iceberg::spec::NestedField::required(1, "id", iceberg::spec::Type::Primitive(iceberg::spec::PrimitiveType::Long)).into()
+            ])
+            .build()
+            .unwrap();
+        let created = catalog.create_table(&ident, TableCreation::builder().name("t".into()).schema(schema).build()).await.unwrap();
+        let update = TableUpdate::SetProperties { updates: [("k".to_string(), "v".to_string())].into() };
+        let committed = catalog.commit(&created, vec![], vec![update]).await.unwrap();
+        let loaded = catalog.load_table(&ident).await.unwrap();
+        assert_eq!(committed.metadata_location(), loaded.metadata_location());
+        assert!(committed.metadata_location().unwrap().ends_with("v2.metadata.json"));
+        assert_eq!(committed.metadata(), loaded.metadata());
+        assert_eq!(loaded.metadata().properties().get("k").map(String::as_str), Some("v"));
+        // the returned table is the base of the next commit, as a loaded one would be
+        let again = TableUpdate::SetProperties { updates: [("k".to_string(), "w".to_string())].into() };
+        let next = catalog.commit(&committed, vec![], vec![again]).await.unwrap();
+        assert!(next.metadata_location().unwrap().ends_with("v3.metadata.json"));
+        assert!(matches!(catalog.commit(&committed, vec![], vec![]).await, Err(Error::Conflict { .. })), "a stale base loses its version");
     }
 }

@@ -13,8 +13,6 @@ use serde_json::Value as Json;
 pub(super) struct Container<'a> {
     /// The header's metadata, in file order.
     pub(super) meta: Vec<(&'a [u8], &'a [u8])>,
-    /// The header's bytes after the magic, up to the sync marker: equal headers write equal schemas and metadata.
-    pub(super) header: &'a [u8],
     codec: &'a [u8],
     sync: &'a [u8],
     rest: Cursor<'a>,
@@ -35,10 +33,9 @@ impl<'a> Container<'a> {
                 meta.push((c.bytes()?, c.bytes()?));
             }
         }
-        let header = &body[..body.len() - c.b.len()];
         let sync = c.take(16)?;
         let codec = meta.iter().find(|(k, _)| *k == b"avro.codec").map_or(&b"null"[..], |(_, v)| v);
-        Some(Container { meta, header, codec, sync, rest: c })
+        Some(Container { meta, codec, sync, rest: c })
     }
 
     /// The metadata value under `key`.

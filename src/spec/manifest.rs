@@ -104,12 +104,14 @@ fn lean(bytes: &[u8]) -> Option<Parts> {
 }
 
 /// The decoding plan of `container`'s header, worked out once per distinct header (up to 256 kept; then they start
-/// over).
+/// over). Headers are told apart by their metadata in key order: writers keep it in a hash map, so equal headers
+/// come in any order (iceberg-rust's differ from file to file), and the order means nothing.
 fn header(container: &Container<'_>) -> Option<Arc<Header>> {
     type Headers = HashMap<Vec<u8>, Arc<Header>, ahash::RandomState>;
     static HEADERS: OnceLock<Mutex<Headers>> = OnceLock::new();
     let headers = HEADERS.get_or_init(Default::default);
-    if let Some(h) = headers.lock().unwrap_or_else(|e| e.into_inner()).get(container.header) {
+    let key = canonical_metadata(&container.meta);
+    if let Some(h) = headers.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Some(h.clone());
     }
     let h = Arc::new(Header::of(container)?);
@@ -117,8 +119,23 @@ fn header(container: &Container<'_>) -> Option<Arc<Header>> {
     if headers.len() >= 256 {
         headers.clear();
     }
-    headers.insert(container.header.to_vec(), h.clone());
+    headers.insert(key, h.clone());
     Some(h)
+}
+
+/// A container's metadata as one byte string that does not depend on the order it was written in: the pairs sorted
+/// by key, each part length-prefixed.
+fn canonical_metadata(meta: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut pairs: Vec<&(&[u8], &[u8])> = meta.iter().collect();
+    pairs.sort_unstable_by_key(|(k, _)| *k);
+    let mut key = Vec::with_capacity(pairs.iter().map(|(k, v)| k.len() + v.len() + 16).sum());
+    for (k, v) in pairs {
+        for part in [k, v] {
+            key.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            key.extend_from_slice(part);
+        }
+    }
+    key
 }
 
 /// What a manifest's header says, ready to decode its entries with.
@@ -427,6 +444,20 @@ fn literal(v: &Val<'_>, ty: &Type) -> Option<Option<Literal>> {
 mod tests {
     use super::*;
     use iceberg::spec::{ManifestContentType, ManifestWriterBuilder, NestedField, PartitionSpec, Transform, UnboundPartitionField};
+
+    #[test]
+    fn headers_are_told_apart_by_their_metadata_in_any_order() {
+        let a: Vec<(&[u8], &[u8])> = vec![(b"schema", b"{}"), (b"avro.codec", b"null"), (b"content", b"data")];
+        let mut b = a.clone();
+        b.reverse();
+        assert_eq!(canonical_metadata(&a), canonical_metadata(&b));
+        let c: Vec<(&[u8], &[u8])> = vec![(b"schema", b"{}"), (b"avro.codec", b"null"), (b"content", b"deletes")];
+        assert_ne!(canonical_metadata(&a), canonical_metadata(&c));
+        // a part's length is part of the key: moving bytes from a key to its value is another header
+        let d: Vec<(&[u8], &[u8])> = vec![(b"ab", b"c")];
+        let e: Vec<(&[u8], &[u8])> = vec![(b"a", b"bc")];
+        assert_ne!(canonical_metadata(&d), canonical_metadata(&e));
+    }
 
     fn schema() -> Schema {
         Schema::builder()
