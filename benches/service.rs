@@ -491,6 +491,7 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
     println!("| history (snapshots) | build | target commits | CPU ms per target commit (range) | service CPU % | latency P50 s | P99 s | max s |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
+    let mut metadata_files = Vec::new();
     for &history in histories {
         let root = dir.join(format!("history-{history}"));
         let wh = root.join("warehouse");
@@ -499,6 +500,13 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
         let mut next_id = 0i64;
         let locations = write_history(&catalog, &mut table, (history, history + commits), &mut next_id).await;
         eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
+        // what reading the newest metadata file costs any reader: its size, and iceberg-rust parsing all of it
+        let last = std::fs::read(locations[locations.len() - 1].trim_start_matches("file://")).unwrap();
+        let c0 = own_cpu_seconds();
+        for _ in 0..10 {
+            std::hint::black_box(serde_json::from_slice::<iceberg::spec::TableMetadata>(&last).unwrap());
+        }
+        metadata_files.push((history, last.len(), (own_cpu_seconds() - c0) * 100.0));
         if appending {
             // as Java and pyiceberg write them: snapshots in commit order, each file's arrays the last file's and more
             for loc in &locations[history..] {
@@ -581,7 +589,11 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             println!("- {label}: {:.2}× from {} to {} snapshots (medians)", last / first, histories[0], histories[histories.len() - 1]);
         }
     }
-    println!("- floor: iceberg-rust writing the same {commits} commits to a fresh table costs {floor:.1} ms of CPU each (this process)\n");
+    println!("- floor, target side: iceberg-rust writing the same {commits} commits to a fresh table costs {floor:.1} ms of CPU each (this process)");
+    for (history, bytes, ms) in metadata_files {
+        println!("- the source's newest metadata file at {history} snapshots: {:.2} MB; iceberg-rust parses all of it in {ms:.1} ms", bytes as f64 / 1e6);
+    }
+    println!();
 }
 
 /// The mixed run (see the module docs).

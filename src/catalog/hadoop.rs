@@ -111,18 +111,7 @@ impl HadoopCatalog {
         let text = std::fs::read(&path).map_err(|e| Error::data_from(path.display().to_string(), e))?;
         let metadata: TableMetadata = serde_json::from_slice(&text)
             .map_err(|e| Error::data(path.display().to_string(), format!("invalid table metadata: {e}")).with_cause(e))?;
-        self.table(ident, &path, metadata)
-    }
-
-    /// `ident` as of its metadata file `path` holding `metadata`.
-    fn table(&self, ident: &TableIdent, path: &Path, metadata: TableMetadata) -> Result<Table> {
-        Ok(Table::builder()
-            .identifier(ident.clone())
-            .metadata(metadata)
-            .metadata_location(path.display().to_string())
-            .file_io(self.file_io.clone())
-            .runtime(iceberg::Runtime::try_current()?)
-            .build()?)
+        super::table_of(ident, path.display().to_string(), metadata, self.file_io.clone())
     }
 
     /// Creates `ident` (version 1); an error when it exists.
@@ -140,8 +129,7 @@ impl HadoopCatalog {
     }
 
     /// Applies `updates` when `requirements` hold, as metadata version N+1 (exactly one writer wins a version), and
-    /// returns the table as of that version: the metadata just written, not read back (a metadata file never changes
-    /// once linked, so reading it would only cost what grows with the table's history).
+    /// returns the table as of that version (the metadata written, not read back).
     pub async fn commit(&self, table: &Table, requirements: Vec<TableRequirement>, updates: Vec<TableUpdate>) -> Result<Table> {
         let current = table.metadata_location_result()?.to_string();
         let meta_dir = Path::new(&current).parent().map(Path::to_path_buf).unwrap_or_default();
@@ -152,7 +140,8 @@ impl HadoopCatalog {
             .ok_or_else(|| Error::Internal(format!("not a hadoop metadata file: {current}")))?;
         let new_meta = super::apply_updates(table.metadata(), &current, &requirements, updates)?;
         self.write_version(&meta_dir, version + 1, &new_meta)?;
-        self.table(table.identifier(), &meta_dir.join(format!("v{}.metadata.json", version + 1)), new_meta)
+        let written = meta_dir.join(format!("v{}.metadata.json", version + 1));
+        super::table_of(table.identifier(), written.display().to_string(), new_meta, self.file_io.clone())
     }
 
     fn write_version(&self, meta_dir: &Path, version: u64, metadata: &TableMetadata) -> Result<()> {

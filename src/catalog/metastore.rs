@@ -148,7 +148,8 @@ impl<M: Metastore> Backend for MetastoreCatalog<M> {
         let (base, new_meta, new_loc) = write_next_metadata(&io, table, &requirements, updates).await?;
         let change = Change { ident, db: &db, name: &name, base: &base, old: table.metadata(), new_location: &new_loc, new: &new_meta };
         match self.0.swap(&change).await {
-            Ok(()) => Ok(Swapped::Done(table_at(io, ident, &new_loc).await?)),
+            // the table as committed: the metadata written, not read back
+            Ok(()) => Ok(Swapped::Done(super::table_of(ident, new_loc, new_meta, io)?)),
             Err(Refusal::Refused(e)) => {
                 let _ = io.delete(&new_loc).await;
                 Err(e)
@@ -184,13 +185,7 @@ pub(crate) fn db_and_name(catalog: &str, ident: &TableIdent) -> Result<(String, 
 pub(crate) async fn table_at(io: FileIO, ident: &TableIdent, location: &str) -> Result<Table> {
     let metadata =
         TableMetadata::read_from(&io, location).await.map_err(|e| Error::data(location, format!("cannot read table metadata: {e}")).with_cause(e))?;
-    Ok(Table::builder()
-        .identifier(ident.clone())
-        .metadata(metadata)
-        .metadata_location(location.to_string())
-        .file_io(io)
-        .runtime(iceberg::Runtime::try_current()?)
-        .build()?)
+    super::table_of(ident, location, metadata, io)
 }
 
 /// Writes the first metadata file of a table created at `location`; returns the metadata and the file's path.

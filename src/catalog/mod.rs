@@ -249,14 +249,7 @@ impl Catalog {
             crate::spec::recent::parse_recent(&bytes, since, memo).ok()
         };
         let Some((metadata, dropped, memo)) = read.await else { return Ok((self.load_table(name).await?, 0, None)) };
-        let table = Table::builder()
-            .identifier(ident.clone())
-            .metadata(metadata)
-            .metadata_location(location)
-            .file_io(io.clone())
-            .runtime(iceberg::Runtime::try_current()?)
-            .build()?;
-        Ok((table, dropped, memo))
+        Ok((table_of(ident, location, metadata, io.clone())?, dropped, memo))
     }
 
     /// Renames table `from` to `to` (both `namespace.table`); the table keeps its uuid, files and history.
@@ -300,6 +293,19 @@ impl Catalog {
             _ => Err(otherwise),
         }
     }
+}
+
+/// `ident` as of its metadata file `location` holding `metadata` (read from it, or just written to it by a commit:
+/// a metadata file never changes once it is committed, so a commit's result need not be read back), read through
+/// `io`.
+pub(crate) fn table_of(ident: &TableIdent, location: impl Into<String>, metadata: TableMetadata, io: FileIO) -> Result<Table> {
+    Ok(Table::builder()
+        .identifier(ident.clone())
+        .metadata(metadata)
+        .metadata_location(location.into())
+        .file_io(io)
+        .runtime(iceberg::Runtime::try_current()?)
+        .build()?)
 }
 
 /// What a failed load of `name` from an iceberg-rust catalog of kind `kind` is: [`Error::TableNotFound`] when the

@@ -152,6 +152,7 @@ impl Backend for SqlCatalog {
         if res.rows_affected() == 0 {
             return Err(Error::Conflict { table: ident.to_string(), message: "the table changed since it was loaded".into() });
         }
-        self.load_table(ident).await.map(Swapped::Done)
+        // the table as committed: the metadata written, not read back
+        Ok(Swapped::Done(super::table_of(ident, new_loc, new_meta, table.file_io().clone())?))
     }
 }
