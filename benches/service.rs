@@ -591,7 +591,10 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
     }
     println!("- floor, target side: iceberg-rust writing the same {commits} commits to a fresh table costs {floor:.1} ms of CPU each (this process)");
     for (history, bytes, ms) in metadata_files {
-        println!("- the source's newest metadata file at {history} snapshots: {:.2} MB; iceberg-rust parses all of it in {ms:.1} ms", bytes as f64 / 1e6);
+        println!(
+            "- the source's newest metadata file at {history} snapshots: {:.2} MB; iceberg-rust parses all of it in {ms:.1} ms",
+            bytes as f64 / 1e6
+        );
     }
     println!();
 }

@@ -205,8 +205,12 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 
 /// Delete files by path (ahash: looked up once per data file and delete file that applies to it).
 type ByPath<T> = HashMap<String, T, ahash::RandomState>;
-/// An equality-delete file's keys, encoded with the types of each schema id that read it.
-type BySchema = Vec<(i32, Arc<EqDeletes>)>;
+/// An equality-delete file's keys, encoded with the types of each schema id that read it: one cell per schema id,
+/// filled by the first task that needs it while the others wait for it (two tasks must not read the same keys at
+/// once: a file of a million keys is ~36 MB, twice).
+type BySchema = Vec<(i32, EqCell)>;
+/// An equality-delete file's keys as one schema id reads them, once read ([`BySchema`]).
+type EqCell = Arc<tokio::sync::OnceCell<Arc<EqDeletes>>>;
 
 /// Delete files already read (position deletes, deletion vectors, equality-delete keys), shared by every snapshot
 /// that still references them. Bounded: each scanned snapshot drops what it no longer references. A service loop

@@ -25,20 +25,32 @@ pub(super) async fn load_state(
     if !exists {
         return Ok(st);
     }
-    // equality-delete keys already read, looked up under one lock (there is one per later commit in an upsert stream)
-    let mut eq_cached: Vec<Option<Arc<EqDeletes>>> = {
-        let eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // the cells of the equality-delete keys, taken under one lock (there is one delete per later commit in an upsert
+    // stream); a cell not filled yet is filled below by the first task to get there, the others wait for it
+    let mut eq_cells: Vec<Option<super::EqCell>> = {
+        let mut eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         deletes
             .iter()
             .map(|d| {
                 if d.file.content_type() != DataContentType::EqualityDeletes {
                     return None;
                 }
-                eq.get(d.path())?.iter().find(|(id, _)| *id == schema_id).map(|(_, e)| e.clone())
+                let by_schema = match eq.get_mut(d.path()) {
+                    Some(b) => b,
+                    None => eq.entry(d.path().to_string()).or_default(),
+                };
+                Some(match by_schema.iter().find(|(id, _)| *id == schema_id) {
+                    Some((_, cell)) => cell.clone(),
+                    None => {
+                        let cell = super::EqCell::default();
+                        by_schema.push((schema_id, cell.clone()));
+                        cell
+                    }
+                })
             })
             .collect()
     };
-    for (d, cached) in deletes.iter().zip(eq_cached.iter_mut()) {
+    for (d, cell) in deletes.iter().zip(eq_cells.iter_mut()) {
         match d.file.content_type() {
             DataContentType::PositionDeletes if d.is_dv() => {
                 let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
@@ -68,17 +80,10 @@ pub(super) async fn load_state(
                 }
             }
             DataContentType::EqualityDeletes => {
-                // keys are encoded with the reading schema's types
-                let e = match cached.take() {
-                    Some(e) => e,
-                    None => {
-                        let e = Arc::new(reader::read_equality_deletes(file_io, d, schema).await?);
-                        let mut eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        eq.entry(d.path().to_string()).or_default().push((schema_id, e.clone()));
-                        e
-                    }
-                };
-                st.add_eq(e, schema)?;
+                // keys are encoded with the reading schema's types; a failed read leaves the cell empty (tried again)
+                let cell = cell.take().expect("a cell per equality delete");
+                let e = cell.get_or_try_init(|| async { reader::read_equality_deletes(file_io, d, schema).await.map(Arc::new) }).await?;
+                st.add_eq(e.clone(), schema)?;
             }
             DataContentType::Data => {}
         }
@@ -324,6 +329,68 @@ mod tests {
             st.add_eq((*e).clone(), schema).unwrap();
         }
         st
+    }
+
+    /// An equality-delete file on local disk deleting ids `0..n` (field id 1), and its manifest entry; the entry of
+    /// a copy at `copy` (not written).
+    fn eq_delete_file(dir: &std::path::Path, n: i64, copy: &std::path::Path) -> (FileIO, Arc<FileEntry>, Arc<FileEntry>) {
+        let schema = Arc::new(Schema::new(vec![field("id", DataType::Int64, 1)]));
+        let path = dir.join("eq.parquet");
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema.clone(), None).unwrap();
+        w.write(&RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..n))]).unwrap()).unwrap();
+        w.close().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let entry = |p: &std::path::Path| {
+            let file = iceberg::spec::DataFileBuilder::default()
+                .content(DataContentType::EqualityDeletes)
+                .file_path(p.to_string_lossy().into_owned())
+                .file_format(iceberg::spec::DataFileFormat::Parquet)
+                .record_count(n as u64)
+                .file_size_in_bytes(size)
+                .equality_ids(Some(vec![1]))
+                .build()
+                .unwrap();
+            Arc::new(FileEntry { file, seq: 2, spec_id: 0, unpartitioned: true, first_row_id: None })
+        };
+        let io = crate::storage::file_io(crate::storage::CdcStorageFactory::default(), &HashMap::new());
+        (io, entry(&path), entry(copy))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn files_loaded_at_once_share_one_read_of_an_equality_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let (io, eq, gone) = eq_delete_file(dir.path(), 50_000, &dir.path().join("gone.parquet"));
+        let schema: SchemaRef = Arc::new(Schema::new(vec![field("id", DataType::Int64, 1), field("name", DataType::Utf8, 2)]));
+        let cache = DeleteCache::default();
+        let data = |k: usize| {
+            let file = iceberg::spec::DataFileBuilder::default()
+                .content(DataContentType::Data)
+                .file_path(format!("data-{k}.parquet"))
+                .file_format(iceberg::spec::DataFileFormat::Parquet)
+                .record_count(10)
+                .file_size_in_bytes(100)
+                .build()
+                .unwrap();
+            FileEntry { file, seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None }
+        };
+        let files: Vec<FileEntry> = (0..8).map(data).collect();
+        let deletes = [eq.clone()];
+        let loads = files.iter().map(|f| load_state(&io, &cache, f, true, &deletes, &schema, 0));
+        let states = futures::future::try_join_all(loads).await.unwrap();
+        let sets: Vec<&Arc<EqDeletes>> = states.iter().map(|st| &st.eq[0].sets[0]).collect();
+        assert_eq!(sets[0].keys.len(), 50_000);
+        assert!(sets.iter().all(|e| Arc::ptr_eq(e, sets[0])), "one read, shared by every file loaded at once");
+        let cached = cache.eq.lock().unwrap();
+        assert_eq!(cached.get(eq.path()).map(Vec::len), Some(1), "one cell per schema id");
+        drop(cached);
+        // another schema id reads the file again, into a cell of its own
+        let other = load_state(&io, &cache, &files[0], true, &deletes, &schema, 1).await.unwrap();
+        assert!(!Arc::ptr_eq(&other.eq[0].sets[0], sets[0]));
+        assert_eq!(cache.eq.lock().unwrap().get(eq.path()).map(Vec::len), Some(2));
+        // a file that cannot be read is an error, and the next load reads it again
+        assert!(load_state(&io, &cache, &files[0], true, &[gone.clone()], &schema, 0).await.is_err());
+        std::fs::copy(eq.path(), gone.path()).unwrap();
+        assert_eq!(load_state(&io, &cache, &files[0], true, &[gone], &schema, 0).await.unwrap().eq[0].sets[0].keys.len(), 50_000);
     }
 
     fn rand_id() -> u128 {
