@@ -380,15 +380,13 @@ mod tests {
         let sets: Vec<&Arc<EqDeletes>> = states.iter().map(|st| &st.eq[0].sets[0]).collect();
         assert_eq!(sets[0].keys.len(), 50_000);
         assert!(sets.iter().all(|e| Arc::ptr_eq(e, sets[0])), "one read, shared by every file loaded at once");
-        let cached = cache.eq.lock().unwrap();
-        assert_eq!(cached.get(eq.path()).map(Vec::len), Some(1), "one cell per schema id");
-        drop(cached);
+        assert_eq!(cache.eq.lock().unwrap().get(eq.path()).map(Vec::len), Some(1), "one cell per schema id");
         // another schema id reads the file again, into a cell of its own
         let other = load_state(&io, &cache, &files[0], true, &deletes, &schema, 1).await.unwrap();
         assert!(!Arc::ptr_eq(&other.eq[0].sets[0], sets[0]));
         assert_eq!(cache.eq.lock().unwrap().get(eq.path()).map(Vec::len), Some(2));
         // a file that cannot be read is an error, and the next load reads it again
-        assert!(load_state(&io, &cache, &files[0], true, &[gone.clone()], &schema, 0).await.is_err());
+        assert!(load_state(&io, &cache, &files[0], true, std::slice::from_ref(&gone), &schema, 0).await.is_err());
         std::fs::copy(eq.path(), gone.path()).unwrap();
         assert_eq!(load_state(&io, &cache, &files[0], true, &[gone], &schema, 0).await.unwrap().eq[0].sets[0].keys.len(), 50_000);
     }
