@@ -3,11 +3,13 @@
 //! Commits create `v{N+1}.metadata.json` with a no-clobber link, which is the atomic step: two writers racing for
 //! the same N cannot both win.
 //!
-//! The cheap check of a table's current version ([`HadoopCatalog::metadata_location`], every idle poll) lists the
-//! metadata directory only when the directory changed: every commit adds an entry (the new version, the renamed
-//! hint), which moves the directory's mtime. A listing is remembered with that mtime only once the mtime is
-//! [`SETTLED`] old, so a commit landing within the timestamp granularity of the one listed cannot hide behind an
-//! equal mtime (git's "racy clean" rule).
+//! The current version is the hint's and any version written after it (a writer may die between its metadata file
+//! and the hint), one `stat` each; the directory is listed only without a usable hint, since a listing grows with
+//! the table's history. The cheap check of a table's current version ([`HadoopCatalog::metadata_location`], every
+//! idle poll) looks again only when the directory changed: every commit adds an entry (the new version, the renamed
+//! hint), which moves the directory's mtime. A version found is remembered with that mtime only once the mtime is
+//! [`SETTLED`] old, so a commit landing within the timestamp granularity of the one found cannot hide behind an
+//! equal mtime (git's "racy clean" rule). A commit returns the table as it wrote it, without reading it back.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

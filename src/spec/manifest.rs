@@ -7,7 +7,8 @@
 //!
 //! This module reads the container itself ([`super::avro`]) and decodes each entry by the writer's schema straight
 //! into iceberg-rust's `ManifestEntry`. What the header says (schemas, spec, the plan of which field goes where) is
-//! worked out once per distinct header and kept ([`header`]): the manifests of one table share it byte for byte.
+//! worked out once per distinct header and kept ([`header`]): the manifests of one table share its metadata (in
+//! whatever order their writer's hash map put it).
 //!
 //! The decoding follows iceberg-rust's reader, field by field: fields are matched by name, fields the reader does not
 //! know are skipped, negative counts are dropped, bounds of fields the schema no longer has are dropped, a v1 entry
