@@ -205,12 +205,14 @@ pub fn output_arrow_schema(schema: &Schema) -> Result<SchemaRef> {
 
 /// Delete files by path (ahash: looked up once per data file and delete file that applies to it).
 type ByPath<T> = HashMap<String, T, ahash::RandomState>;
-/// An equality-delete file's keys, encoded with the types of each schema id that read it: one cell per schema id,
-/// filled by the first task that needs it while the others wait for it (two tasks must not read the same keys at
-/// once: a file of a million keys is ~36 MB, twice).
+/// A delete file as read, once read: filled by the first task that needs it while the others wait (two tasks must
+/// not read the same file at once — an equality-delete file of a million keys is ~36 MB, twice). A failed read
+/// leaves it empty, for the next task to try again.
+type Cell<T> = Arc<tokio::sync::OnceCell<Arc<T>>>;
+/// An equality-delete file's keys, encoded with the types of each schema id that read it.
 type BySchema = Vec<(i32, EqCell)>;
-/// An equality-delete file's keys as one schema id reads them, once read ([`BySchema`]).
-type EqCell = Arc<tokio::sync::OnceCell<Arc<EqDeletes>>>;
+/// An equality-delete file's keys as one schema id reads them ([`BySchema`]).
+type EqCell = Cell<EqDeletes>;
 
 /// Delete files already read (position deletes, deletion vectors, equality-delete keys), shared by every snapshot
 /// that still references them. Bounded: each scanned snapshot drops what it no longer references. A service loop
@@ -218,8 +220,10 @@ type EqCell = Arc<tokio::sync::OnceCell<Arc<EqDeletes>>>;
 /// never leaves one half-written: a poisoned lock is taken over, not propagated.
 #[derive(Default)]
 pub struct DeleteCache {
-    pos: Mutex<ByPath<Arc<HashMap<String, RoaringTreemap>>>>,
-    dv: Mutex<HashMap<(String, i64), Arc<RoaringTreemap>, ahash::RandomState>>,
+    /// By path: the positions each data file loses.
+    pos: Mutex<ByPath<Cell<HashMap<String, RoaringTreemap>>>>,
+    /// By path and blob offset.
+    dv: Mutex<HashMap<(String, i64), Cell<RoaringTreemap>, ahash::RandomState>>,
     /// By path: the keys as encoded with each schema id's types.
     eq: Mutex<ByPath<BySchema>>,
 }

@@ -26,7 +26,8 @@ pub(super) async fn load_state(
         return Ok(st);
     }
     // the cells of the equality-delete keys, taken under one lock (there is one delete per later commit in an upsert
-    // stream); a cell not filled yet is filled below by the first task to get there, the others wait for it
+    // stream); a cell not filled yet is filled below by the first task to get there, the others wait for it (as for
+    // position deletes and deletion vectors)
     let mut eq_cells: Vec<Option<super::EqCell>> = {
         let mut eq = cache.eq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         deletes
@@ -54,28 +55,20 @@ pub(super) async fn load_state(
         match d.file.content_type() {
             DataContentType::PositionDeletes if d.is_dv() => {
                 let key = (d.path().to_string(), d.file.content_offset().unwrap_or(0));
-                let cached = cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
-                let bm = match cached {
-                    Some(b) => b,
-                    None => {
-                        let b = Arc::new(reader::read_dv(file_io, d).await?);
-                        cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key, b.clone());
-                        b
-                    }
-                };
+                let cell = cache.dv.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(key).or_default().clone();
+                let bm = cell.get_or_try_init(|| async { reader::read_dv(file_io, d).await.map(Arc::new) }).await?;
                 st.positions |= bm.as_ref();
             }
             DataContentType::PositionDeletes => {
-                let cached = cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(d.path()).cloned();
-                let m = match cached {
-                    Some(m) => m,
-                    None => {
-                        let m = Arc::new(reader::read_position_deletes(file_io, d.path(), d.file.file_format()).await?);
-                        cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(d.path().to_string(), m.clone());
-                        m
+                let cell = {
+                    let mut pos = cache.pos.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match pos.get(d.path()) {
+                        Some(c) => c.clone(),
+                        None => pos.entry(d.path().to_string()).or_default().clone(),
                     }
                 };
-                if let Some(bm) = m.get(data.path()) {
+                let read = || async { reader::read_position_deletes(file_io, d.path(), d.file.file_format()).await.map(Arc::new) };
+                if let Some(bm) = cell.get_or_try_init(read).await?.get(data.path()) {
                     st.positions |= bm;
                 }
             }
@@ -357,7 +350,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn files_loaded_at_once_share_one_read_of_an_equality_delete() {
+    async fn files_loaded_at_once_share_one_read_of_a_delete_file() {
         let dir = tempfile::tempdir().unwrap();
         let (io, eq, gone) = eq_delete_file(dir.path(), 50_000, &dir.path().join("gone.parquet"));
         let schema: SchemaRef = Arc::new(Schema::new(vec![field("id", DataType::Int64, 1), field("name", DataType::Utf8, 2)]));
@@ -385,6 +378,31 @@ mod tests {
         let other = load_state(&io, &cache, &files[0], true, &deletes, &schema, 1).await.unwrap();
         assert!(!Arc::ptr_eq(&other.eq[0].sets[0], sets[0]));
         assert_eq!(cache.eq.lock().unwrap().get(eq.path()).map(Vec::len), Some(2));
+        // a position-delete file: one read too, each file taking its own positions
+        let pos_path = dir.path().join("pos.parquet");
+        let pos_schema = Arc::new(Schema::new(vec![
+            field("file_path", DataType::Utf8, crate::source::reader::POS_DELETE_FILE_PATH_ID),
+            field("pos", DataType::Int64, crate::source::reader::POS_DELETE_POS_ID),
+        ]));
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&pos_path).unwrap(), pos_schema.clone(), None).unwrap();
+        let paths = StringArray::from_iter_values((0..8).map(|k| format!("data-{k}.parquet")));
+        w.write(&RecordBatch::try_new(pos_schema, vec![Arc::new(paths), Arc::new(Int64Array::from_iter_values(0..8))]).unwrap()).unwrap();
+        w.close().unwrap();
+        let pos = iceberg::spec::DataFileBuilder::default()
+            .content(DataContentType::PositionDeletes)
+            .file_path(pos_path.to_string_lossy().into_owned())
+            .file_format(iceberg::spec::DataFileFormat::Parquet)
+            .record_count(8)
+            .file_size_in_bytes(std::fs::metadata(&pos_path).unwrap().len())
+            .build()
+            .unwrap();
+        let pos = [Arc::new(FileEntry { file: pos, seq: 2, spec_id: 0, unpartitioned: true, first_row_id: None })];
+        let states = futures::future::try_join_all(files.iter().map(|f| load_state(&io, &cache, f, true, &pos, &schema, 0))).await.unwrap();
+        for (k, st) in states.iter().enumerate() {
+            assert_eq!(st.positions.iter().collect::<Vec<_>>(), vec![k as u64]);
+        }
+        let cell = cache.pos.lock().unwrap().get(pos[0].path()).cloned().unwrap();
+        assert_eq!(cell.get().map(|m| m.len()), Some(8), "one read, every file's positions");
         // a file that cannot be read is an error, and the next load reads it again
         assert!(load_state(&io, &cache, &files[0], true, std::slice::from_ref(&gone), &schema, 0).await.is_err());
         std::fs::copy(eq.path(), gone.path()).unwrap();
