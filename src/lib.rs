@@ -20,6 +20,8 @@ pub(crate) mod source;
 pub mod spec;
 pub(crate) mod storage;
 #[cfg(test)]
+mod test_alloc;
+#[cfg(test)]
 pub(crate) mod test_rng;
 
 pub use error::{Error, Result};

@@ -137,6 +137,12 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         return Ok(full);
     }
     if let Some(mut live) = parent {
+        if !live.keeps_bounds_for(&out.changed_deletes) {
+            // a delete compares a field whose bounds the set left out: learn the live files again, with it
+            let full = plan(table, snapshot, concurrency).await?;
+            LiveFiles::remember(table, snapshot, &full);
+            return Ok(full);
+        }
         // the parent's set becomes the snapshot's, changed in place (another loop at the same parent meanwhile plans
         // from the manifests)
         live.advance(&out);
@@ -144,7 +150,7 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         LiveFiles::keep(table, sid, live);
         return Ok(out);
     }
-    if !out.changed_deletes.is_empty() && older.len() > LIVE_FILES_AFTER && LiveFiles::would_fit(snapshot) {
+    if !out.changed_deletes.is_empty() && older.len() > LIVE_FILES_AFTER && LiveFiles::would_fit(table, snapshot) {
         // the older manifests would be read anyway: read them all once, and the next snapshots read none
         let full = plan(table, snapshot, concurrency).await?;
         LiveFiles::remember(table, snapshot, &full);
@@ -251,14 +257,19 @@ pub(crate) async fn manifest(file_io: &iceberg::io::FileIO, mf: &ManifestFile) -
 }
 
 /// Bytes of parsed manifests the process keeps ([`size_manifest_cache`]); 16 MiB until sized.
-pub(super) static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
+static CACHE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(16 << 20);
+/// What a manifest entry takes beside its data file: status, snapshot id, sequence numbers, `Arc` counts.
+const ENTRY_BYTES: u64 = 64;
+/// What a parsed manifest takes beside its entries: its schema, partition spec and their maps.
+const MANIFEST_BYTES: u64 = 2048;
 static CACHE: std::sync::OnceLock<moka::future::Cache<String, Arc<Manifest>>> = std::sync::OnceLock::new();
 
-/// Sizes the cache of parsed manifests (and that of live files, [`LiveFiles`]) to a sixteenth of `memory_budget`
-/// each; effective only before the first manifest is read (the service and `cdc sync` call it once the
-/// configuration is loaded).
+/// Sizes the cache of parsed manifests to a sixteenth of `memory_budget` and the live-file sets to an eighth
+/// ([`super::live::size`]); effective only before the first manifest is read (the service and `cdc sync` call it
+/// once the configuration is loaded).
 pub fn size_manifest_cache(memory_budget: u64) {
     CACHE_BYTES.store((memory_budget / 16).max(1 << 20), std::sync::atomic::Ordering::Relaxed);
+    super::live::size(memory_budget);
 }
 
 /// The process's parsed manifests, by path, least recently used out first. A manifest file never changes once
@@ -268,9 +279,10 @@ fn cached() -> &'static moka::future::Cache<String, Arc<Manifest>> {
     CACHE.get_or_init(|| {
         moka::future::Cache::builder()
             .weigher(|path: &String, m: &Arc<Manifest>| {
-                // an estimate of the decoded size: a file entry with its stats is a few hundred bytes
-                let entries: usize = m.entries().iter().map(|e| 384 + e.file_path().len()).sum();
-                u32::try_from(path.len() + entries).unwrap_or(u32::MAX)
+                // what the allocator holds for it: each entry (its data file as `heap_bytes` counts it, the entry's
+                // own fields and `Arc`), and the manifest's schema and spec
+                let entries: u64 = m.entries().iter().map(|e| ENTRY_BYTES + crate::spec::data_file::heap_bytes(e.data_file())).sum();
+                u32::try_from(path.len() as u64 + MANIFEST_BYTES + entries).unwrap_or(u32::MAX)
             })
             .max_capacity(CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed))
             .build()

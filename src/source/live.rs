@@ -21,28 +21,50 @@
 //! A position delete that names its data file (`referenced_data_file`, or `file_path` bounds of one path) reaches
 //! that file alone. Anything else reaches every live file, as before.
 //!
+//! **Memory.** A set keeps of each data file only what planning and reading need ([`Stats::BoundsOf`]): the bounds
+//! and null counts of the fields an equality delete compares — the table's identifier fields and those its live
+//! equality deletes name — and none of the other statistics, which are most of a wide table's entry. A delete that
+//! compares another field has the snapshot planned from the manifests, and the set learned again with that field.
+//! A set counts its bytes as the allocator sees them ([`heap_bytes`]); the process keeps the sets within an eighth
+//! of `memory_budget` ([`size`]), the one kept longest ago out first, and a table whose set alone would not fit is
+//! planned from the manifests (remembered, so it is not tried at every snapshot).
+//!
 //! Invariant: these orderings only narrow what is tried. Every data file they yield is still judged by
 //! [`delete_applies`], and none they leave out could pass it, so a plan is the same as by trying every file.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use iceberg::spec::{DataContentType, Datum, PrimitiveLiteral, PrimitiveType, SnapshotRef};
 use iceberg::table::Table;
 
-use super::files::{delete_applies, FileEntry, SnapshotFiles, CACHE_BYTES};
+use super::files::{delete_applies, FileEntry, SnapshotFiles};
+use crate::spec::data_file::{heap_bytes, Stats};
 
-/// What a file entry takes in memory, as the caches estimate it (its stats, path and map slot).
-pub(super) const FILE_BYTES: u64 = 512;
+/// The least a live file takes in a set (a data file's entry with the bounds of one field, its path, its slot):
+/// what a table's file count is weighed by before its set is built.
+const LEAST_FILE_BYTES: u64 = 1024;
 
-/// What a file takes in one [`KeyIndex`] (its path again, two bounds, tree slots).
-const INDEX_BYTES: u64 = 160;
+/// What a file takes in a set beside its entry and path: the map's slot, the `Arc`'s counts.
+const SLOT_BYTES: u64 = 64;
+
+/// What a file takes in one [`KeyIndex`] beside its path: two bounds and tree slots.
+const INDEX_BYTES: u64 = 120;
+
+/// Bytes the process's live-file sets may take ([`size`]); 32 MiB until sized.
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
+
+/// Sizes the live-file sets to an eighth of `memory_budget` (the structure that keeps following a long history
+/// cheap: a table of 10 000 live files takes ~18 MB of it).
+pub(super) fn size(memory_budget: u64) {
+    LIVE_BYTES.store((memory_budget / 8).max(1 << 20), Relaxed);
+}
 
 type ByPath = HashMap<String, Arc<FileEntry>, ahash::RandomState>;
 
-/// The live files of one snapshot of a table, with orderings that find what a delete can reach (see the module
-/// header). Kept process-wide within a size as large as the manifest cache's (a sixteenth of `memory_budget`), the
-/// set kept longest ago out first. A table whose live files would take more than a quarter of it gets none; a
-/// snapshot without one is planned from the manifests.
+/// The live files of one snapshot of a table, with orderings that find what a delete can reach, each data file
+/// with the statistics of `fields` only (see the module header). Kept process-wide within an eighth of
+/// `memory_budget`, the set kept longest ago out first; a snapshot without one is planned from the manifests.
 #[derive(Debug, Default)]
 pub(crate) struct LiveFiles {
     data: ByPath,
@@ -51,31 +73,60 @@ pub(crate) struct LiveFiles {
     deletes_by_seq: BTreeSet<(i64, String)>,
     /// `data` by the bounds of each equality field id a delete has named.
     keys: HashMap<i32, KeyIndex>,
+    /// The field ids whose bounds and null counts the data files keep.
+    fields: BTreeSet<i32>,
+    /// What the entries of `data` and `deletes` take with their paths and slots ([`Self::file_bytes`]).
+    file_bytes: u64,
+    /// The length of every data file's path (each index holds each again).
+    data_path_bytes: u64,
 }
 
 impl LiveFiles {
-    /// Keeps the live files after `snapshot` from its full plan when they fit the cache (a table too large for it
-    /// is planned from its manifests, as before).
+    /// Keeps the live files after `snapshot` from its full plan when they fit (a table too large is planned from
+    /// its manifests, as before). Its data files keep the bounds of the table's identifier fields and of every
+    /// field its live equality deletes compare.
     pub(super) fn remember(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
-        if Self::would_fit(snapshot) {
-            let mut live = LiveFiles::default();
-            for (p, f) in &full.data_after {
-                live.insert_data(p, f);
-            }
-            for d in &full.deletes_after {
-                live.insert_delete(d);
-            }
-            Self::keep(table, snapshot.snapshot_id(), live);
+        if !Self::would_fit(table, snapshot) {
+            return;
         }
+        let fields = table.metadata().current_schema().identifier_field_ids().collect();
+        let mut live = LiveFiles { fields, ..Default::default() };
+        for d in full.deletes_before.iter().chain(&full.deletes_after) {
+            live.fields.extend(d.file.equality_ids().unwrap_or_default());
+        }
+        for (p, f) in &full.data_after {
+            live.insert_data(p, f);
+        }
+        for d in &full.deletes_after {
+            live.insert_delete(d);
+        }
+        let uuid = table.metadata().uuid().to_string();
+        let mut sets = Self::sets().lock().unwrap_or_else(|e| e.into_inner());
+        if live.bytes() > LIVE_BYTES.load(Relaxed) {
+            tracing::debug!(table = %uuid, files = live.data.len() + live.deletes.len(), bytes = live.bytes(), "the table's live files would take more than the live-file sets may; planning it from its manifests");
+            sets.too_large.insert(uuid, (live.data.len() + live.deletes.len()) as u64);
+            return;
+        }
+        sets.too_large.remove(&uuid);
+        sets.keep((uuid, snapshot.snapshot_id()), live, LIVE_BYTES.load(Relaxed));
     }
 
-    /// Whether the live files of `snapshot` (by its summary's totals) take at most a quarter of the cache.
-    pub(super) fn would_fit(snapshot: &SnapshotRef) -> bool {
+    /// Whether the live files of `snapshot` (by its summary's totals) can fit the sets: at [`LEAST_FILE_BYTES`] a
+    /// file, and fewer than this table had when its set last came out too large.
+    pub(super) fn would_fit(table: &Table, snapshot: &SnapshotRef) -> bool {
         let total = |k: &str| snapshot.summary().additional_properties.get(k).and_then(|v| v.parse::<u64>().ok());
-        match (total("total-data-files"), total("total-delete-files")) {
-            (Some(data), deletes) => (data + deletes.unwrap_or(0)) * FILE_BYTES * 4 <= CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed),
-            (None, _) => false,
-        }
+        let Some(files) = total("total-data-files").map(|data| data + total("total-delete-files").unwrap_or(0)) else { return false };
+        let refused = Self::sets().lock().unwrap_or_else(|e| e.into_inner()).too_large.get(&table.metadata().uuid().to_string()).copied();
+        files * LEAST_FILE_BYTES <= LIVE_BYTES.load(Relaxed) && refused.is_none_or(|n| files < n)
+    }
+
+    /// Whether every equality delete of `deletes` compares only fields whose bounds the data files keep (if not,
+    /// the set cannot tell which files it reaches as a plan from the manifests would).
+    pub(super) fn keeps_bounds_for(&self, deletes: &[Arc<FileEntry>]) -> bool {
+        deletes
+            .iter()
+            .filter(|d| d.file.content_type() == DataContentType::EqualityDeletes)
+            .all(|d| d.file.equality_ids().unwrap_or_default().iter().all(|id| self.fields.contains(id)))
     }
 
     /// Turns these live files of a snapshot's parent into the snapshot's, by what its own manifests gave (`own`).
@@ -153,12 +204,33 @@ impl LiveFiles {
         Some(paths)
     }
 
+    /// Adds data file `f` at `path`, with only the statistics of `fields` (a copy that fails keeps them all).
     fn insert_data(&mut self, path: &str, f: &Arc<FileEntry>) {
         self.remove_data(path);
+        let f = self.slim(f);
         for index in self.keys.values_mut() {
-            index.insert(path, f);
+            index.insert(path, &f);
         }
-        self.data.insert(path.to_string(), f.clone());
+        self.file_bytes += Self::file_bytes(path, &f);
+        self.data_path_bytes += path.len() as u64;
+        self.data.insert(path.to_string(), f);
+    }
+
+    /// `f` with the statistics of `fields` only, or `f` itself when it has no others.
+    fn slim(&self, f: &Arc<FileEntry>) -> Arc<FileEntry> {
+        let d = &f.file;
+        let slim = d.column_sizes().is_empty()
+            && d.value_counts().is_empty()
+            && d.nan_value_counts().is_empty()
+            && d.split_offsets().is_none()
+            && d.lower_bounds().keys().chain(d.upper_bounds().keys()).chain(d.null_value_counts().keys()).all(|id| self.fields.contains(id));
+        if slim {
+            return f.clone();
+        }
+        match crate::spec::data_file::copy(d, f.spec_id, d.first_row_id(), Stats::BoundsOf(&self.fields)) {
+            Ok(file) => Arc::new(FileEntry { file, seq: f.seq, spec_id: f.spec_id, unpartitioned: f.unpartitioned, first_row_id: f.first_row_id }),
+            Err(_) => f.clone(),
+        }
     }
 
     fn remove_data(&mut self, path: &str) {
@@ -166,25 +238,43 @@ impl LiveFiles {
             for index in self.keys.values_mut() {
                 index.remove(path, &f);
             }
+            self.file_bytes -= Self::file_bytes(path, &f);
+            self.data_path_bytes -= path.len() as u64;
         }
     }
 
     fn insert_delete(&mut self, d: &Arc<FileEntry>) {
         self.remove_delete(d.path());
         self.deletes_by_seq.insert((d.seq, d.path().to_string()));
+        // a delete file is kept whole: its bounds say what it reaches, and a table has few
+        self.file_bytes += Self::delete_bytes(d.path(), d);
         self.deletes.insert(d.path().to_string(), d.clone());
     }
 
     fn remove_delete(&mut self, path: &str) {
         if let Some(d) = self.deletes.remove(path) {
             self.deletes_by_seq.remove(&(d.seq, path.to_string()));
+            self.file_bytes -= Self::delete_bytes(path, &d);
         }
     }
 
-    /// What this set takes in memory, as the budget counts it ([`FILE_BYTES`] a file, [`INDEX_BYTES`] a file in
-    /// each index).
+    /// What a file at `path` takes in the set: its entry, its path as the key, the slot.
+    fn file_bytes(path: &str, f: &FileEntry) -> u64 {
+        heap_bytes(&f.file)
+            + (std::mem::size_of::<FileEntry>() - std::mem::size_of::<iceberg::spec::DataFile>()) as u64
+            + path.len() as u64
+            + SLOT_BYTES
+    }
+
+    /// What a delete file takes: as a file, and its place by sequence number.
+    fn delete_bytes(path: &str, d: &FileEntry) -> u64 {
+        Self::file_bytes(path, d) + path.len() as u64 + SLOT_BYTES
+    }
+
+    /// What this set takes in memory, as the budget counts it: its files and each index's place for every data
+    /// file.
     fn bytes(&self) -> u64 {
-        (self.data.len() + self.deletes.len()) as u64 * FILE_BYTES + (self.keys.len() * self.data.len()) as u64 * INDEX_BYTES
+        self.file_bytes + self.keys.len() as u64 * (self.data.len() as u64 * INDEX_BYTES + self.data_path_bytes)
     }
 
     /// The process's live-file sets by (table uuid, snapshot id), each with the tick it was last kept at. A plain map
@@ -196,7 +286,7 @@ impl LiveFiles {
 
     /// Keeps `live` as the live files of `snapshot` (see [`LiveSets::keep`]).
     pub(super) fn keep(table: &Table, snapshot: i64, live: LiveFiles) {
-        let limit = CACHE_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+        let limit = LIVE_BYTES.load(Relaxed);
         Self::sets().lock().unwrap_or_else(|e| e.into_inner()).keep((table.metadata().uuid().to_string(), snapshot), live, limit);
     }
 
@@ -309,6 +399,9 @@ pub(super) struct LiveSets {
     by_snapshot: HashMap<(String, i64), (u64, LiveFiles)>,
     /// What they take, by [`LiveFiles::bytes`].
     bytes: u64,
+    /// Tables whose set came out larger than the sets may take, with the number of live files it had: planned
+    /// from the manifests while they have as many.
+    too_large: HashMap<String, u64>,
     /// Counts `keep`s: the order sets were kept in.
     tick: u64,
 }
@@ -344,14 +437,30 @@ mod tests {
     use crate::test_rng::Rng;
     use iceberg::spec::{DataFile, DataFileBuilder, DataFileFormat};
 
-    /// A file entry: `bounds` of field 1 (lower, upper), its null count, sequence number `seq`.
+    /// The live files of a table whose equality deletes compare field 1.
+    fn keyed() -> LiveFiles {
+        LiveFiles { fields: BTreeSet::from([1]), ..Default::default() }
+    }
+
+    /// A file entry: `bounds` of field 1 (lower, upper), its null count, sequence number `seq`; a data file also
+    /// with statistics of field 2 (bounds that rule out every delete here, sizes, counts), which a set leaves out.
     fn entry(content: DataContentType, path: &str, bounds: Option<(Datum, Datum)>, nulls: Option<u64>, seq: i64) -> Arc<FileEntry> {
         let mut b = DataFileBuilder::default();
         b.content(content).file_path(path.to_string()).file_format(DataFileFormat::Parquet).record_count(10).file_size_in_bytes(100);
+        let mut lower = HashMap::new();
+        let mut upper = HashMap::new();
         if let Some((lo, hi)) = bounds {
-            b.lower_bounds(HashMap::from([(1, lo)])).upper_bounds(HashMap::from([(1, hi)]));
+            lower.insert(1, lo);
+            upper.insert(1, hi);
         }
-        b.null_value_counts(nulls.map(|n| HashMap::from([(1, n)])).unwrap_or_default());
+        let mut null_counts: HashMap<i32, u64> = nulls.map(|n| HashMap::from([(1, n)])).unwrap_or_default();
+        if content == DataContentType::Data {
+            lower.insert(2, Datum::long(-9));
+            upper.insert(2, Datum::long(-9));
+            null_counts.insert(2, 0);
+            b.column_sizes(HashMap::from([(1, 8), (2, 8)])).value_counts(HashMap::from([(1, 10), (2, 10)])).split_offsets(Some(vec![4]));
+        }
+        b.lower_bounds(lower).upper_bounds(upper).null_value_counts(null_counts);
         if content == DataContentType::EqualityDeletes {
             b.equality_ids(Some(vec![1]));
         }
@@ -399,10 +508,12 @@ mod tests {
 
     /// What trying every live file gives (the plan before these orderings): the paths of the data files a changed
     /// delete applies to, and the delete files at or above the lowest sequence number of the plan's data files.
-    fn by_trying_all(live: &LiveFiles, out: &SnapshotFiles) -> (Vec<String>, Vec<String>) {
+    /// `originals`: each data file's entry as its manifest gave it (a set keeps a slimmer copy).
+    fn by_trying_all(live: &LiveFiles, originals: &HashMap<String, Arc<FileEntry>>, out: &SnapshotFiles) -> (Vec<String>, Vec<String>) {
         let mut data: Vec<String> = live
             .data
-            .iter()
+            .keys()
+            .map(|p| (p, &originals[p]))
             .filter(|(p, f)| !out.data_after.contains_key(*p) && out.changed_deletes.iter().any(|d| delete_applies(d, f)))
             .map(|(p, _)| p.clone())
             .collect();
@@ -428,7 +539,8 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let mut narrowed = 0;
         for round in 0..40 {
-            let mut live = LiveFiles::default();
+            let mut live = keyed();
+            let mut originals = HashMap::new();
             let mut next = 0;
             for step in 0..30i64 {
                 // files come and go as a snapshot's own manifests say
@@ -436,6 +548,7 @@ mod tests {
                 for _ in 0..rng.below(6) {
                     next += 1;
                     let f = entry(DataContentType::Data, &format!("d{next}"), bounds(&mut rng), nulls(&mut rng), step);
+                    originals.insert(f.path().to_string(), f.clone());
                     own.data_after.insert(f.path().to_string(), f);
                 }
                 let paths: Vec<String> = live.data.keys().cloned().collect();
@@ -470,7 +583,8 @@ mod tests {
                     };
                     out.changed_deletes.push(d);
                 }
-                let expected = by_trying_all(&live, &out);
+                assert!(live.keeps_bounds_for(&out.changed_deletes));
+                let expected = by_trying_all(&live, &originals, &out);
                 narrowed += usize::from(live.reach(&out.changed_deletes).is_some_and(|r| r.len() < live.data.len()));
                 live.add_older_to(&mut out);
                 let mut data: Vec<String> = out.data_after.keys().cloned().collect();
@@ -482,7 +596,30 @@ mod tests {
                     assert_eq!(index.by_upper.len() + index.aside.len(), live.data.len(), "the index holds every live data file");
                 }
                 assert_eq!(live.deletes_by_seq.len(), live.deletes.len());
+                for f in live.data.values() {
+                    assert!(f.file.lower_bounds().keys().all(|id| *id == 1) && f.file.column_sizes().is_empty(), "only field 1's bounds are kept");
+                }
             }
+            // what a set counts is what its files add up to, and nothing once they are gone
+            let counted = live.bytes();
+            let mut again = keyed();
+            for (p, f) in &live.data {
+                again.insert_data(p, f);
+            }
+            for d in live.deletes.values() {
+                again.insert_delete(d);
+            }
+            assert_eq!(
+                (again.bytes(), again.file_bytes),
+                (counted - (live.keys.len() as u64 * (live.data.len() as u64 * INDEX_BYTES + live.data_path_bytes)), live.file_bytes)
+            );
+            let everything = SnapshotFiles {
+                data_before: live.data.iter().map(|(p, f)| (p.clone(), f.clone())).collect(),
+                deletes_before: live.deletes.values().cloned().collect(),
+                ..Default::default()
+            };
+            live.advance(&everything);
+            assert_eq!((live.bytes(), live.data_path_bytes), (0, 0), "round {round}");
         }
         assert!(narrowed > 300, "the orderings narrowed what is tried in {narrowed} steps");
     }
@@ -491,7 +628,7 @@ mod tests {
     /// ranges meet the delete's (and those aside), not the history.
     #[test]
     fn an_equality_delete_of_recent_keys_reaches_only_the_recent_files() {
-        let mut live = LiveFiles::default();
+        let mut live = keyed();
         for i in 0..10_000i64 {
             let f = entry(DataContentType::Data, &format!("d{i}"), Some((Datum::long(i * 50), Datum::long(i * 50 + 49))), Some(0), i);
             live.insert_data(f.path(), &f);
@@ -506,7 +643,7 @@ mod tests {
         let other = entry(DataContentType::EqualityDeletes, "e2", Some((Datum::int(1), Datum::int(2))), Some(0), 10_002);
         assert!(live.reach(&[other]).is_none());
         // bounds the index cannot order (a float field) build no index
-        let mut floats = LiveFiles::default();
+        let mut floats = keyed();
         floats.insert_data("no-stats", &aside);
         let f = entry(DataContentType::EqualityDeletes, "e3", Some((Datum::double(1.0), Datum::double(2.0))), Some(0), 2);
         assert!(floats.reach(&[f]).is_none() && floats.keys.is_empty());
@@ -524,27 +661,29 @@ mod tests {
                     .record_count(1)
                     .file_size_in_bytes(1);
                 let f = FileEntry { file: b.build().unwrap(), seq: 1, spec_id: 0, unpartitioned: true, first_row_id: None };
-                live.data.insert(format!("f{i}"), Arc::new(f));
+                live.insert_data(&format!("f{i}"), &Arc::new(f));
             }
             live
         };
         let key = |t: &str, s: i64| (t.to_string(), s);
         let mut sets = LiveSets::default();
-        let limit = 5 * FILE_BYTES;
+        assert_eq!(set(2).bytes(), 2 * set(1).bytes());
+        let limit = 5 * set(1).bytes();
+        let file = set(1).bytes();
         sets.keep(key("a", 1), set(2), limit);
         sets.keep(key("b", 1), set(2), limit);
-        assert_eq!(sets.bytes, 4 * FILE_BYTES);
+        assert_eq!(sets.bytes, 4 * file);
         // a's next snapshot: its parent's set taken out and kept again, now the most recent
         let a = sets.take(&key("a", 1)).expect("a's set");
         assert!(sets.take(&key("a", 1)).is_none(), "taken sets are gone");
         sets.keep(key("a", 2), a, limit);
         // one more set over the limit: b, kept longest ago, goes; a stays
         sets.keep(key("c", 1), set(2), limit);
-        assert_eq!(sets.bytes, 4 * FILE_BYTES);
+        assert_eq!(sets.bytes, 4 * file);
         assert!(sets.take(&key("b", 1)).is_none());
         assert_eq!(sets.take(&key("a", 2)).map(|l| l.data.len()), Some(2));
         // a set kept again under the same key replaces the old one's bytes
         sets.keep(key("c", 1), set(3), limit);
-        assert_eq!(sets.bytes, 3 * FILE_BYTES);
+        assert_eq!(sets.bytes, 3 * file);
     }
 }

@@ -2,6 +2,7 @@
 //! branch, the deletion-vector codec, projecting Arrow data by Iceberg field id, and encoding any Iceberg type for
 //! row comparison. Neither side imports the other; both import this.
 mod avro;
+pub(crate) mod data_file;
 pub(crate) mod dv;
 pub(crate) mod integrity;
 pub mod lineage;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch};
 use iceberg::spec::{
-    DataFile, DataFileBuilder, FormatVersion, Manifest, ManifestContentType, ManifestEntryRef, ManifestFile, NestedField, PrimitiveType, Schema, Type,
+    DataFile, FormatVersion, Manifest, ManifestContentType, ManifestEntryRef, ManifestFile, NestedField, PrimitiveType, Schema, Type,
 };
 
 use crate::error::{Error, Result};
@@ -96,31 +96,7 @@ pub(crate) fn inherit(manifest_first_row_id: Option<u64>, files: impl IntoIterat
 
 /// `f` with `first_row_id` set (and its partition spec id, which iceberg-rust keeps beside the file).
 pub(crate) fn with_first_row_id(f: &DataFile, spec_id: i32, first_row_id: Option<i64>) -> Result<DataFile> {
-    let mut b = DataFileBuilder::default();
-    b.content(f.content_type())
-        .file_path(f.file_path().to_string())
-        .file_format(f.file_format())
-        .partition(f.partition().clone())
-        .record_count(f.record_count())
-        .file_size_in_bytes(f.file_size_in_bytes())
-        .column_sizes(f.column_sizes().clone())
-        .value_counts(f.value_counts().clone())
-        .null_value_counts(f.null_value_counts().clone())
-        .nan_value_counts(f.nan_value_counts().clone())
-        .lower_bounds(f.lower_bounds().clone())
-        .upper_bounds(f.upper_bounds().clone())
-        .key_metadata(f.key_metadata().map(<[u8]>::to_vec))
-        .split_offsets(f.split_offsets().map(<[i64]>::to_vec))
-        .equality_ids(f.equality_ids())
-        .first_row_id(first_row_id)
-        .partition_spec_id(spec_id)
-        .referenced_data_file(f.referenced_data_file())
-        .content_offset(f.content_offset())
-        .content_size_in_bytes(f.content_size_in_bytes());
-    if let Some(order) = f.sort_order_id() {
-        b.sort_order_id(order);
-    }
-    b.build().map_err(|e| Error::failed(format!("copying the entry of {}", f.file_path()), e))
+    super::data_file::copy(f, spec_id, first_row_id, super::data_file::Stats::All)
 }
 
 /// The `first_row_id` of every entry of `manifest` (listed by `file`) after inheritance, in its order: for a data
@@ -151,6 +127,7 @@ pub(crate) fn live_entries(version: FormatVersion, file: &ManifestFile, manifest
 #[cfg(test)]
 mod tests {
     use super::*;
+    use iceberg::spec::DataFileBuilder;
 
     #[test]
     fn files_without_an_id_count_on_from_the_manifests_in_order() {
