@@ -23,7 +23,9 @@
 //!   the previous file's and more).
 //!   `--repeat K` runs each build K times per history, alternating, and reports the median run and the range; the
 //!   floor line is this process writing the same commits to a fresh table with the same writers and no changelog
-//!   (its CPU), and iceberg-rust's parse of the source's newest metadata file.
+//!   (its CPU), and iceberg-rust's parse of the source's newest metadata file. `--history-sources DIR` keeps the
+//!   written sources in DIR and uses them again in a later run with the same histories, commits and writer order
+//!   (10 000 snapshots take ~10 minutes to write).
 //!
 //! - Discovery (`--discover TABLES,NAMESPACES`): a sqlite catalog and a hadoop warehouse of TABLES empty tables in
 //!   NAMESPACES namespaces; per catalog the time and catalog calls of one listing (median of 5), then `cdc run` with
@@ -31,7 +33,7 @@
 //!   CPU and RSS over `--idle-seconds`, as the idle bench reports them for hand-listed pipelines.
 //!
 //! `cargo bench --bench service [-- --seconds 120 --interval 2 --idle-pipelines 10,1000 --idle-poll 1 --idle-seconds 30
-//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --repeat 1 --appending-writer 0 --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
+//! --baseline OLD_CDC --history 10,2000 --rate 4 --commits 100 --repeat 1 --appending-writer 0 --history-sources DIR --mixed 5000,5 --mixed-seconds 60 --scrape-every 2 --busy-apart 0]`. Prints Markdown (copied into README.md).
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -315,7 +317,9 @@ async fn main() {
         let commits = arg("--commits", 100) as usize;
         let appending = arg("--appending-writer", 0) == 1;
         let repeat = arg("--repeat", 1).max(1) as usize;
-        history_bench(dir, &histories, rate, commits, appending, repeat, &builds_of(baseline.as_deref())).await;
+        let sources = text_arg("--history-sources").map(std::path::PathBuf::from);
+        let shape = HistoryShape { rate, commits, appending, repeat };
+        history_bench(dir, sources.as_deref(), &histories, shape, &builds_of(baseline.as_deref())).await;
     }
 
     if let Some(d) = text_arg("--discover") {
@@ -410,6 +414,16 @@ fn builds_of(baseline: Option<&str>) -> Vec<(&'static str, String)> {
     std::iter::once(("this", CDC.to_string())).chain(baseline.map(|b| ("baseline", b.to_string()))).collect()
 }
 
+/// The history bench's load: `commits` commits replayed at `rate` a second, `appending` (snapshots in commit
+/// order), each build run `repeat` times.
+#[derive(Clone, Copy)]
+struct HistoryShape {
+    rate: u64,
+    commits: usize,
+    appending: bool,
+    repeat: usize,
+}
+
 /// One service run of the history bench: CPU ms per target commit, target commits, service CPU %, sorted latencies.
 struct HistoryRun {
     cpu_ms_per_commit: f64,
@@ -455,13 +469,25 @@ fn own_cpu_seconds() -> f64 {
     secs(u.ru_utime) + secs(u.ru_stime)
 }
 
-/// A fresh sql-catalog table of the quickstart's schema under `wh`.
-async fn fresh_source(wh: &Path) -> (Catalog, iceberg::table::Table) {
+/// The sql catalog of the warehouse `wh` (made if missing).
+async fn source_catalog(wh: &Path) -> Catalog {
     let cfg =
         Config::parse(&format!("[source]\ntable = \"{}\"\n[source.catalog]\ntype = \"sql\"\nwarehouse = \"{}\"\n", quickstart::TABLE, wh.display()))
             .unwrap();
     std::fs::create_dir_all(wh).unwrap();
-    let catalog = Catalog::connect(&cfg.source.catalog, "source").await.unwrap();
+    Catalog::connect(&cfg.source.catalog, "source").await.unwrap()
+}
+
+/// The source table a former run wrote under `wh` (`--history-sources`).
+async fn source_at(wh: &Path) -> (Catalog, iceberg::table::Table) {
+    let catalog = source_catalog(wh).await;
+    let table = catalog.load_table(quickstart::TABLE).await.unwrap();
+    (catalog, table)
+}
+
+/// A fresh sql-catalog table of the quickstart's schema under `wh`.
+async fn fresh_source(wh: &Path) -> (Catalog, iceberg::table::Table) {
+    let catalog = source_catalog(wh).await;
     let schema = quickstart::demo_schema().unwrap();
     let creation = iceberg::TableCreation::builder().name("orders".into()).schema(schema).build();
     let table = catalog.create_table(quickstart::TABLE, creation).await.unwrap();
@@ -478,7 +504,8 @@ async fn fresh_source(wh: &Path) -> (Catalog, iceberg::table::Table) {
 /// the shortest's. The floor: the CPU this process spends writing the same `commits` commits to a fresh table with
 /// the same writers (iceberg-rust's Parquet and manifest writers, the row-delta commit, the catalog) and no
 /// changelog: data file, delete file, manifest, manifest list, metadata — what a target commit cannot go below.
-async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usize, appending: bool, repeat: usize, builds: &[(&str, String)]) {
+async fn history_bench(dir: &Path, sources: Option<&Path>, histories: &[usize], shape: HistoryShape, builds: &[(&str, String)]) {
+    let HistoryShape { rate, commits, appending, repeat } = shape;
     let order = if appending { "snapshots in commit order, as Java and pyiceberg write them" } else { "snapshots in iceberg-rust's hash-map order" };
     let floor = {
         let (catalog, mut table) = fresh_source(&dir.join("history-floor")).await;
@@ -496,12 +523,26 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
     let mut metadata_files = Vec::new();
     for &history in histories {
         let root = dir.join(format!("history-{history}"));
-        let wh = root.join("warehouse");
-        let (catalog, mut table) = fresh_source(&wh).await;
-        let t0 = Instant::now();
-        let mut next_id = 0i64;
-        let locations = write_history(&catalog, &mut table, (history, history + commits), &mut next_id).await;
-        eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&root);
+        let wh = sources.map_or_else(|| root.join("warehouse"), |d| d.join(format!("history-{history}-{commits}-{}", u8::from(appending))));
+        let kept = wh.join("locations.txt");
+        let (catalog, table, locations, written) = match std::fs::read_to_string(&kept) {
+            Ok(text) => {
+                let (catalog, table) = source_at(&wh).await;
+                eprintln!("bench: the source of {history} snapshots from {}", wh.display());
+                (catalog, table, text.lines().map(str::to_string).collect::<Vec<_>>(), false)
+            }
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&wh);
+                let (catalog, mut table) = fresh_source(&wh).await;
+                let t0 = Instant::now();
+                let mut next_id = 0i64;
+                let locations = write_history(&catalog, &mut table, (history, history + commits), &mut next_id).await;
+                eprintln!("bench: {} source commits written in {:.1}s", history + commits, t0.elapsed().as_secs_f64());
+                (catalog, table, locations, true)
+            }
+        };
+        assert_eq!(locations.len(), history + commits, "{} holds another history", wh.display());
         // what reading the newest metadata file costs any reader: its size, and iceberg-rust parsing all of it
         let last = std::fs::read(locations[locations.len() - 1].trim_start_matches("file://")).unwrap();
         let c0 = own_cpu_seconds();
@@ -509,7 +550,7 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
             std::hint::black_box(serde_json::from_slice::<iceberg::spec::TableMetadata>(&last).unwrap());
         }
         metadata_files.push((history, last.len(), (own_cpu_seconds() - c0) * 100.0));
-        if appending {
+        if appending && written {
             // as Java and pyiceberg write them: snapshots in commit order, each file's arrays the last file's and more
             for loc in &locations[history..] {
                 let path = loc.strip_prefix("file://").unwrap_or(loc);
@@ -517,6 +558,9 @@ async fn history_bench(dir: &Path, histories: &[usize], rate: u64, commits: usiz
                 doc["snapshots"].as_array_mut().unwrap().sort_by_key(|s| s["sequence-number"].as_i64().unwrap());
                 std::fs::write(path, serde_json::to_vec(&doc).unwrap()).unwrap();
             }
+        }
+        if written && sources.is_some() {
+            std::fs::write(&kept, locations.join("\n")).unwrap();
         }
         let db = rusqlite::Connection::open(wh.join("catalog.db")).unwrap();
         let point = |loc: &str| {
