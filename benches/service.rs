@@ -524,6 +524,7 @@ async fn history_bench(dir: &Path, sources: Option<&Path>, histories: &[usize], 
     for &history in histories {
         let root = dir.join(format!("history-{history}"));
         let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
         let wh = sources.map_or_else(|| root.join("warehouse"), |d| d.join(format!("history-{history}-{commits}-{}", u8::from(appending))));
         let kept = wh.join("locations.txt");
         let (catalog, table, locations, written) = match std::fs::read_to_string(&kept) {

@@ -177,6 +177,15 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     Ok(out)
 }
 
+/// Keeps the live files a full plan of `snapshot` found (see [`LiveFiles`]) when the table has more manifests than
+/// a delete's plan would read one by one: a bootstrap copy reads them all anyway, and the snapshots after it then
+/// read no older manifest — not even at the first delete, which would otherwise read them all again.
+pub(crate) fn remember_live(table: &Table, snapshot: &SnapshotRef, full: &SnapshotFiles) {
+    if full.manifests_read > LIVE_FILES_AFTER {
+        LiveFiles::remember(table, snapshot, full);
+    }
+}
+
 /// Older manifests a snapshot's deletes must reach beyond which its plan reads every manifest once to learn the
 /// table's live files ([`LiveFiles`]), so that the snapshots after it read none.
 const LIVE_FILES_AFTER: usize = 16;

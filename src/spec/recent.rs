@@ -14,7 +14,10 @@
 //! `snapshots` and `snapshot-log`, and a table's next metadata file starts both arrays with the bytes its previous
 //! file had there. A walk leaves a [`Memo`] (each array's length and keyed hash up to its last element, and the
 //! elements it kept); the next walk hashes that many bytes of the new array (GB/s, against the walk's hundreds of
-//! MB/s) and, when they match, walks only the elements after them. Whatever does not match (snapshots expired, a
+//! MB/s) and, when they match, walks only the elements after them. The hash is chained over the pieces each walk
+//! added ([`chained`]), so that the next memo's hash continues the one just checked: each byte is hashed once per
+//! walk, not twice (a long history's arrays are megabytes); past [`MAX_PIECES`] pieces a walk hashes its prefix
+//! again as one. Whatever does not match (snapshots expired, a
 //! file rewritten by another writer, a walk from an older sequence number, a named snapshot the last walk dropped)
 //! is walked in full, so a memo changes the cost, never the result. A file listing its snapshots out of commit order
 //! (iceberg-rust writes them in a hash map's order) leaves no memo: its writer does not append.
@@ -65,15 +68,20 @@ pub(crate) struct Memo {
     log: Prefix,
 }
 
-/// An array's bytes from its `[` to the end of its last element (`len`, `hash`), how many of its elements were
-/// dropped and the kept ones (ranges from the `[`).
+/// An array's bytes from its `[` to the end of its last element (`len`, `hash`: [`chained`] over the pieces ending
+/// at `cuts`), how many of its elements were dropped and the kept ones (ranges from the `[`).
 #[derive(Debug, Clone, Default)]
 struct Prefix {
     len: usize,
     hash: u64,
+    /// Where each piece the hash was chained over ends (the last is `len`).
+    cuts: Vec<usize>,
     dropped: usize,
     kept: Vec<Element>,
 }
+
+/// Pieces beyond which a prefix is hashed again as one (the chain's cost per piece stays small beside the bytes).
+const MAX_PIECES: usize = 64;
 
 /// An element of `snapshots` (snapshot id, sequence number) or of `snapshot-log` (snapshot id, 0, None) and its range.
 #[derive(Debug, Clone)]
@@ -83,10 +91,26 @@ struct Element {
     range: Range<usize>,
 }
 
-/// The hash of an array's prefix: keyed per process, so no file can be written to collide with another.
-fn prefix_hash(bytes: &[u8]) -> u64 {
+/// The hash of piece `bytes` of an array's prefix, chained to the hash `before` of the pieces before it (0 for the
+/// first): keyed per process, so no file can be written to collide with another.
+fn chain(before: u64, bytes: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
     static KEY: OnceLock<ahash::RandomState> = OnceLock::new();
-    KEY.get_or_init(ahash::RandomState::new).hash_one(bytes)
+    let mut h = KEY.get_or_init(ahash::RandomState::new).build_hasher();
+    h.write_u64(before);
+    h.write(bytes);
+    h.finish()
+}
+
+/// The hash of `bytes` cut into pieces ending at `cuts` ([`chain`]ed), or `None` when a cut lies beyond them.
+fn chained(bytes: &[u8], cuts: &[usize]) -> Option<u64> {
+    let mut from = 0;
+    let mut hash = 0;
+    for &to in cuts {
+        hash = chain(hash, bytes.get(from..to)?);
+        from = to;
+    }
+    Some(hash)
 }
 
 /// What [`trimmed`] makes of a metadata file.
@@ -192,6 +216,8 @@ struct Walked {
     dropped: usize,
     /// Where the last element ends (the array's start when it is empty).
     last_end: usize,
+    /// The hash and cuts of the prefix the walk resumed after (see [`Prefix`]), to chain on from.
+    resumed: Option<(u64, Vec<usize>)>,
 }
 
 impl Walked {
@@ -201,9 +227,19 @@ impl Walked {
         if self.last_end == start {
             return Prefix::default();
         }
+        let len = self.last_end - start;
+        let (hash, cuts) = match &self.resumed {
+            Some((hash, cuts)) if cuts.last() == Some(&len) => (*hash, cuts.clone()),
+            Some((hash, cuts)) if cuts.len() < MAX_PIECES => {
+                let from = cuts.last().copied().unwrap_or(0);
+                (chain(*hash, &b[start + from..self.last_end]), cuts.iter().copied().chain([len]).collect())
+            }
+            _ => (chain(0, &b[start..self.last_end]), vec![len]),
+        };
         Prefix {
-            len: self.last_end - start,
-            hash: prefix_hash(&b[start..self.last_end]),
+            len,
+            hash,
+            cuts,
             dropped: self.dropped + self.elements.len() - kept.len(),
             kept: kept.iter().map(|e| Element { id: e.id, seq: e.seq, range: e.range.start - start..e.range.end - start }).collect(),
         }
@@ -218,9 +254,10 @@ fn walk_array(b: &[u8], at: usize, prior: Option<&Prefix>, ids: impl Fn(Range<us
     if b.get(start) != Some(&b'[') {
         return None;
     }
-    let mut walked = Walked { range: start..start, elements: Vec::new(), dropped: 0, last_end: start };
+    let mut walked = Walked { range: start..start, elements: Vec::new(), dropped: 0, last_end: start, resumed: None };
     let mut from = start + 1;
-    if let Some(p) = prior.filter(|p| p.len > 0 && b.len() > start + p.len && prefix_hash(&b[start..start + p.len]) == p.hash) {
+    if let Some(p) = prior.filter(|p| p.len > 0 && b.len() > start + p.len && chained(&b[start..start + p.len], &p.cuts) == Some(p.hash)) {
+        walked.resumed = Some((p.hash, p.cuts.clone()));
         walked.elements.extend(p.kept.iter().map(|e| Element { id: e.id, seq: e.seq, range: start + e.range.start..start + e.range.end }));
         walked.dropped = p.dropped;
         walked.last_end = start + p.len;
@@ -713,6 +750,7 @@ mod tests {
     fn a_walk_that_resumes_where_the_last_file_ended_trims_as_a_whole_walk_does() {
         let mut memo = None;
         let mut since = 1;
+        let mut chained_on = 0;
         for n in 10..80 {
             // the sinks move on unevenly; every file is walked with the memo of the one before
             since = (since + n % 3).min(n);
@@ -721,8 +759,12 @@ mod tests {
             let (resumed, resumed_dropped, next) = trim(&doc, since, memo.as_ref());
             assert_eq!((String::from_utf8_lossy(&resumed), resumed_dropped), (String::from_utf8_lossy(&whole), dropped), "n = {n}");
             assert!(next.snapshots.kept.len() <= (n - since + 2) as usize, "the memo holds the kept snapshots only");
+            // the hash went on from the last memo's (each byte hashed once), up to MAX_PIECES pieces
+            assert!((1..=MAX_PIECES).contains(&next.snapshots.cuts.len()) && next.snapshots.cuts.last() == Some(&next.snapshots.len));
+            chained_on += usize::from(next.snapshots.cuts.len() > 1);
             memo = Some(next);
         }
+        assert!(chained_on > 60, "{chained_on} walks went on from the memo before them");
         let memo = memo.unwrap();
         // the memo is what the walk went by: one whose kept elements were lost loses them from the result
         let doc = history(80);

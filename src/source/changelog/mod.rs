@@ -822,6 +822,7 @@ impl ChangelogScan<'_> {
     /// Every live row of `snapshot`, as INSERT change rows (a bootstrap copy). Not netted, not ordered by key.
     pub async fn scan_contents(&self, snapshot: &SnapshotRef, sink: &mut impl ChangeConsumer) -> Result<SnapshotStats> {
         let plan = files::plan(self.table, snapshot, self.opts.concurrency).await?;
+        files::remember_live(self.table, snapshot, &plan);
         let commit = CommitInfo {
             snapshot_id: snapshot.snapshot_id(),
             sequence_number: snapshot.sequence_number(),
