@@ -220,6 +220,14 @@ impl<'a> Cursor<'a> {
         None
     }
 
+    /// Moves past a long as [`Self::long`] reads it (at most ten bytes), without decoding it: a skip-through of a
+    /// long manifest list is mostly these.
+    fn skip_long(&mut self) -> Option<()> {
+        let last = self.b.iter().take(10).position(|byte| byte & 0x80 == 0)?;
+        self.b = &self.b[last + 1..];
+        Some(())
+    }
+
     pub(super) fn bytes(&mut self) -> Option<&'a [u8]> {
         let n = usize::try_from(self.long()?).ok()?;
         self.take(n)
@@ -241,7 +249,7 @@ impl<'a> Cursor<'a> {
         match shape {
             Shape::Null => {}
             Shape::Boolean => _ = self.take(1)?,
-            Shape::Int | Shape::Long => _ = self.long()?,
+            Shape::Int | Shape::Long => self.skip_long()?,
             Shape::Float => _ = self.take(4)?,
             Shape::Double => _ = self.take(8)?,
             Shape::Fixed(n) => _ = self.take(*n)?,
@@ -323,4 +331,42 @@ pub(super) fn damaged(bytes: &[u8], count: usize) -> impl Iterator<Item = Vec<u8
         }
         b
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long as Avro writes it: zigzag, then seven bits a byte, low first.
+    fn encoded(v: i64) -> Vec<u8> {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        let mut out = Vec::new();
+        loop {
+            let byte = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(byte);
+                return out;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    #[test]
+    fn a_skipped_long_ends_where_a_read_one_does() {
+        let values = [0, 1, -1, 63, -64, 64, 300, -300, i64::from(i32::MAX), i64::MIN, i64::MAX, 1 << 56];
+        let mut b: Vec<u8> = values.iter().flat_map(|v| encoded(*v)).collect();
+        b.push(7);
+        let (mut read, mut skipped) = (Cursor { b: &b }, Cursor { b: &b });
+        for v in values {
+            assert_eq!(read.long(), Some(v));
+            skipped.skip_long().unwrap();
+            assert_eq!(skipped.b.len(), read.b.len(), "after {v}");
+        }
+        // a long cut short, or longer than ten bytes, is damage to both
+        for bad in [&[0x80u8, 0x80][..], &[0xff; 11][..]] {
+            assert_eq!(Cursor { b: bad }.long(), None);
+            assert_eq!(Cursor { b: bad }.skip_long(), None);
+        }
+    }
 }
