@@ -75,8 +75,8 @@ pub(crate) struct LiveFiles {
     keys: HashMap<i32, KeyIndex>,
     /// The field ids whose bounds and null counts the data files keep.
     fields: BTreeSet<i32>,
-    /// What the entries of `data` and `deletes` take with their paths and slots ([`Self::file_bytes`]).
-    file_bytes: u64,
+    /// What the entries of `data` and `deletes` take with their paths and slots ([`Self::file_bytes`], [`Self::delete_bytes`]).
+    entry_bytes: u64,
     /// The length of every data file's path (each index holds each again).
     data_path_bytes: u64,
 }
@@ -211,7 +211,7 @@ impl LiveFiles {
         for index in self.keys.values_mut() {
             index.insert(path, &f);
         }
-        self.file_bytes += Self::file_bytes(path, &f);
+        self.entry_bytes += Self::file_bytes(path, &f);
         self.data_path_bytes += path.len() as u64;
         self.data.insert(path.to_string(), f);
     }
@@ -238,7 +238,7 @@ impl LiveFiles {
             for index in self.keys.values_mut() {
                 index.remove(path, &f);
             }
-            self.file_bytes -= Self::file_bytes(path, &f);
+            self.entry_bytes -= Self::file_bytes(path, &f);
             self.data_path_bytes -= path.len() as u64;
         }
     }
@@ -247,14 +247,14 @@ impl LiveFiles {
         self.remove_delete(d.path());
         self.deletes_by_seq.insert((d.seq, d.path().to_string()));
         // a delete file is kept whole: its bounds say what it reaches, and a table has few
-        self.file_bytes += Self::delete_bytes(d.path(), d);
+        self.entry_bytes += Self::delete_bytes(d.path(), d);
         self.deletes.insert(d.path().to_string(), d.clone());
     }
 
     fn remove_delete(&mut self, path: &str) {
         if let Some(d) = self.deletes.remove(path) {
             self.deletes_by_seq.remove(&(d.seq, path.to_string()));
-            self.file_bytes -= Self::delete_bytes(path, &d);
+            self.entry_bytes -= Self::delete_bytes(path, &d);
         }
     }
 
@@ -274,7 +274,7 @@ impl LiveFiles {
     /// What this set takes in memory, as the budget counts it: its files and each index's place for every data
     /// file.
     fn bytes(&self) -> u64 {
-        self.file_bytes + self.keys.len() as u64 * (self.data.len() as u64 * INDEX_BYTES + self.data_path_bytes)
+        self.entry_bytes + self.keys.len() as u64 * (self.data.len() as u64 * INDEX_BYTES + self.data_path_bytes)
     }
 
     /// The process's live-file sets by (table uuid, snapshot id), each with the tick it was last kept at. A plain map
@@ -610,8 +610,8 @@ mod tests {
                 again.insert_delete(d);
             }
             assert_eq!(
-                (again.bytes(), again.file_bytes),
-                (counted - (live.keys.len() as u64 * (live.data.len() as u64 * INDEX_BYTES + live.data_path_bytes)), live.file_bytes)
+                (again.bytes(), again.entry_bytes),
+                (counted - (live.keys.len() as u64 * (live.data.len() as u64 * INDEX_BYTES + live.data_path_bytes)), live.entry_bytes)
             );
             let everything = SnapshotFiles {
                 data_before: live.data.iter().map(|(p, f)| (p.clone(), f.clone())).collect(),
