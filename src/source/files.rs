@@ -649,6 +649,33 @@ mod tests {
         assert!(reads.iter().all(|(c, f)| c <= f), "{reads:?}");
     }
 
+    /// A bootstrap copy's full plan leaves the live files behind ([`remember_live`]): the first delete after it
+    /// reads its own manifest, not the 20 older ones, and plans what the full plan gives.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_live_files_a_bootstrap_read_serve_the_first_delete_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg: crate::config::CatalogConfig =
+            toml::from_str(&format!("type = \"sql\"\nwarehouse = \"{}\"\n", dir.path().join("wh").display())).unwrap();
+        let catalog = crate::catalog::Catalog::connect(&cfg, "source").await.unwrap();
+        let mut t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        for i in 0..20i64 {
+            let b = crate::quickstart::orders_batch(&t, &[(100 + i, "append", 1)]).unwrap();
+            let files = crate::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
+            let c = crate::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
+            t = catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+        }
+        let copied = t.metadata().current_snapshot().unwrap().clone();
+        let full = plan(&t, &copied, 2).await.unwrap();
+        assert!(full.manifests_read > LIVE_FILES_AFTER, "{}", full.manifests_read);
+        remember_live(&t, &copied, &full);
+        t = crate::quickstart::commit_changes(&catalog, &t, &[], &[103, 105]).await.unwrap();
+        let delete = t.metadata().current_snapshot().unwrap().clone();
+        let changes = plan_changes(&t, &delete, 2).await.unwrap();
+        assert_eq!(changes.manifests_read, 1, "the delete's own manifest only");
+        assert_eq!(needs(&changes), needs(&plan(&t, &delete, 2).await.unwrap()));
+        assert_eq!(changes.touched().len(), 3, "the files whose ids meet the delete's key range [103, 105]");
+    }
+
     #[test]
     fn a_manifest_is_read_for_a_delete_only_when_its_partition_bounds_can_hold_the_delete_partition() {
         use iceberg::spec::{NestedField, Type};
