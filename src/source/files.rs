@@ -610,6 +610,22 @@ mod tests {
             .collect()
     }
 
+    /// The quickstart's demo table in a fresh sql catalog under `dir`.
+    async fn demo(dir: &std::path::Path) -> (crate::catalog::Catalog, Table) {
+        let cfg: crate::config::CatalogConfig = toml::from_str(&format!("type = \"sql\"\nwarehouse = \"{}\"\n", dir.join("wh").display())).unwrap();
+        let catalog = crate::catalog::Catalog::connect(&cfg, "source").await.unwrap();
+        let t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        (catalog, t)
+    }
+
+    /// `t` after an append of one row with `id`, in a manifest of its own.
+    async fn append(catalog: &crate::catalog::Catalog, t: &Table, id: i64) -> Table {
+        let b = crate::quickstart::orders_batch(t, &[(id, "append", 1)]).unwrap();
+        let files = crate::sink::iceberg::files::write_data(t, &[b]).await.unwrap();
+        let c = crate::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(t).await.unwrap();
+        catalog.commit(t, c.requirements, c.updates).await.unwrap()
+    }
+
     /// A history of upserts and deletes by equality deletes (one new manifest per commit, never merged) and plain
     /// appends: for every snapshot, the changes plan holds exactly what the full plan holds for the changelog — also
     /// where it comes from the live files derived snapshot by snapshot ([`LiveFiles`]) — and an append at the end of
@@ -617,17 +633,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_changes_plan_reads_only_what_the_snapshot_can_change_and_misses_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg: crate::config::CatalogConfig =
-            toml::from_str(&format!("type = \"sql\"\nwarehouse = \"{}\"\n", dir.path().join("wh").display())).unwrap();
-        let catalog = crate::catalog::Catalog::connect(&cfg, "source").await.unwrap();
-        let mut t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        let (catalog, mut t) = demo(dir.path()).await;
         for i in 0..12i64 {
             t = crate::quickstart::commit_changes(&catalog, &t, &[(20 + i, "new", 100), (1 + i % 5, "upd", i as i128)], &[20 + i - 2]).await.unwrap();
             if i % 4 == 3 {
-                let b = crate::quickstart::orders_batch(&t, &[(100 + i, "append", 1)]).unwrap();
-                let files = crate::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
-                let c = crate::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
-                t = catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+                t = append(&catalog, &t, 100 + i).await;
             }
         }
         let mut reads = Vec::new();
@@ -654,15 +664,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn the_live_files_a_bootstrap_read_serve_the_first_delete_after_it() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg: crate::config::CatalogConfig =
-            toml::from_str(&format!("type = \"sql\"\nwarehouse = \"{}\"\n", dir.path().join("wh").display())).unwrap();
-        let catalog = crate::catalog::Catalog::connect(&cfg, "source").await.unwrap();
-        let mut t = crate::quickstart::create_demo(&catalog).await.unwrap();
+        let (catalog, mut t) = demo(dir.path()).await;
         for i in 0..20i64 {
-            let b = crate::quickstart::orders_batch(&t, &[(100 + i, "append", 1)]).unwrap();
-            let files = crate::sink::iceberg::files::write_data(&t, &[b]).await.unwrap();
-            let c = crate::sink::iceberg::rowdelta::RowDelta::new().add_data_files(files).prepare(&t).await.unwrap();
-            t = catalog.commit(&t, c.requirements, c.updates).await.unwrap();
+            t = append(&catalog, &t, 100 + i).await;
         }
         let copied = t.metadata().current_snapshot().unwrap().clone();
         let full = plan(&t, &copied, 2).await.unwrap();
