@@ -132,16 +132,12 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     }
     if !summary_agrees(snapshot, &out) {
         tracing::debug!(snapshot = sid, "the snapshot's own manifests do not hold what its summary counts; reading every manifest");
-        let full = plan(table, snapshot, concurrency).await?;
-        LiveFiles::remember(table, snapshot, &full);
-        return Ok(full);
+        return plan_learning_live(table, snapshot, concurrency).await;
     }
     if let Some(mut live) = parent {
         if !live.keeps_bounds_for(&out.changed_deletes) {
             // a delete compares a field whose bounds the set left out: learn the live files again, with it
-            let full = plan(table, snapshot, concurrency).await?;
-            LiveFiles::remember(table, snapshot, &full);
-            return Ok(full);
+            return plan_learning_live(table, snapshot, concurrency).await;
         }
         // the parent's set becomes the snapshot's, changed in place (another loop at the same parent meanwhile plans
         // from the manifests)
@@ -152,9 +148,7 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
     }
     if !out.changed_deletes.is_empty() && older.len() > LIVE_FILES_AFTER && LiveFiles::would_fit(table, snapshot) {
         // the older manifests would be read anyway: read them all once, and the next snapshots read none
-        let full = plan(table, snapshot, concurrency).await?;
-        LiveFiles::remember(table, snapshot, &full);
-        return Ok(full);
+        return plan_learning_live(table, snapshot, concurrency).await;
     }
     let (data, deletes): (Vec<_>, Vec<_>) = older.into_iter().partition(|mf| mf.content == ManifestContentType::Data);
     if !out.changed_deletes.is_empty() {
@@ -175,6 +169,13 @@ pub async fn plan_changes(table: &Table, snapshot: &SnapshotRef, concurrency: us
         add_entries(&mut out, table, &mf, &manifest, sid, None)?;
     }
     Ok(out)
+}
+
+/// Every file of `snapshot` ([`plan`]), its live files then kept for the snapshots after it ([`LiveFiles`]).
+async fn plan_learning_live(table: &Table, snapshot: &SnapshotRef, concurrency: usize) -> Result<SnapshotFiles> {
+    let full = plan(table, snapshot, concurrency).await?;
+    LiveFiles::remember(table, snapshot, &full);
+    Ok(full)
 }
 
 /// Keeps the live files a full plan of `snapshot` found (see [`LiveFiles`]) when the table has more manifests than
